@@ -1,0 +1,3 @@
+from pyggspec.cli import main
+
+main()
