@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# pyggspec: one-command install on Linux (or macOS).
+#
+#   ./install.sh                                  CPU + RPC backends
+#   CMAKE_ARGS="-DGGML_CUDA=on" ./install.sh      add CUDA (or -DGGML_METAL=on, -DGGML_VULKAN=on)
+#
+# 1. llama-cpp-python 0.3.36 (supplies ggml's libraries and headers, the tokenizer and the
+#    test oracle) is built from source with the RPC backend plus whatever CMAKE_ARGS adds.
+#    pip's wheel cache ignores CMAKE_ARGS, so the build never uses the cache, and an
+#    installed llama_cpp that lacks RPC is rebuilt.
+# 2. pyggspec itself, editable, with the test extras.
+# 3. pyggspec's cffi extension is compiled against that ggml and the devices are listed.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY="${PYTHON:-python3}"
+VERSION=0.3.36
+CACHE=.cache
+SDIST="$CACHE/llama_cpp_python-$VERSION.tar.gz"
+SRC="$CACHE/llama-cpp-python-$VERSION"
+
+say() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
+
+llama_status() {
+  # prints: missing | wrong-version | no-rpc | ok
+  "$PY" - "$VERSION" <<'PYEOF'
+import importlib.util, pathlib, sys
+spec = importlib.util.find_spec("llama_cpp")
+if spec is None or not spec.submodule_search_locations:
+    print("missing"); sys.exit()
+pkg = pathlib.Path(list(spec.submodule_search_locations)[0])
+ver = ""
+for line in (pkg / "__init__.py").read_text().splitlines():
+    if line.startswith("__version__"):
+        ver = line.split("=", 1)[1].strip().strip("\"'")
+if ver != sys.argv[1]:
+    print("wrong-version"); sys.exit()
+libs = [p.name for p in (pkg / "lib").glob("libggml-rpc*")]
+print("ok" if libs else "no-rpc")
+PYEOF
+}
+
+# --- sources (kept for llama.cpp's converter, used by the optional converter tests) ---
+mkdir -p "$CACHE"
+if [ ! -f "$SDIST" ]; then
+  say "downloading llama-cpp-python $VERSION source"
+  "$PY" -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$CACHE"
+fi
+if [ ! -d "$SRC" ]; then
+  mkdir -p "$SRC.tmp" && tar -xzf "$SDIST" -C "$SRC.tmp" --strip-components=1 && mv "$SRC.tmp" "$SRC"
+fi
+
+# --- 1. llama-cpp-python with RPC -------------------------------------------------------
+status=$(llama_status)
+if [ "$status" != "ok" ] || [ -n "${CMAKE_ARGS:-}" ] || [ -n "${PYGGSPEC_REBUILD:-}" ]; then
+  say "building llama-cpp-python $VERSION from source (status: $status; takes 5-10 minutes)"
+  "$PY" -m pip uninstall --quiet -y llama-cpp-python >/dev/null 2>&1 || true
+  CMAKE_ARGS="-DGGML_RPC=on ${CMAKE_ARGS:-}" "$PY" -m pip install --no-cache-dir "$SDIST"
+  status=$(llama_status)
+  if [ "$status" != "ok" ]; then
+    echo "install.sh: llama-cpp-python $VERSION still lacks the RPC backend ($status)." >&2
+    echo "  Fix: CMAKE_ARGS=-DGGML_RPC=on $PY -m pip install --no-cache-dir --force-reinstall llama-cpp-python==$VERSION" >&2
+    exit 1
+  fi
+else
+  say "llama-cpp-python $VERSION with RPC already installed"
+fi
+
+# --- 2. pyggspec -----------------------------------------------------------------------
+say "installing pyggspec (editable) with test extras"
+"$PY" -m pip install --quiet -e '.[test]'
+
+# --- 3. native binding + a look at the devices ---------------------------------------
+say "compiling the ggml binding"
+"$PY" native/build.py >/dev/null
+"$PY" -m pyggspec devices
+say "done. Run the tests with: $PY -m pytest"

@@ -1,0 +1,109 @@
+/* Small C helpers for pyggspec's ggml binding.
+ *
+ * Why C: ggml logs from its worker threads and the RPC entry points live behind
+ * ggml_backend_reg_get_proc_address (so a llama-cpp-python built without RPC still
+ * links). Doing either through Python callbacks would take the GIL on ggml threads.
+ */
+#include <stdio.h>
+#include <string.h>
+#include "ggml.h"
+#include "ggml-backend.h"
+
+static int g_min_level = GGML_LOG_LEVEL_WARN;
+static int g_last_level = GGML_LOG_LEVEL_NONE;
+static int g_counts[8];
+static char g_last_error[1024];
+
+static void pyggspec_log_callback(enum ggml_log_level level, const char * text, void * user_data) {
+    (void) user_data;
+    int effective = (level == GGML_LOG_LEVEL_CONT) ? g_last_level : (int) level;
+    if (level != GGML_LOG_LEVEL_CONT) {
+        g_last_level = level;
+        if (level >= 0 && level < 8) {
+            g_counts[level]++;
+        }
+        if (level == GGML_LOG_LEVEL_ERROR && text) {
+            strncpy(g_last_error, text, sizeof(g_last_error) - 1);
+            g_last_error[sizeof(g_last_error) - 1] = 0;
+        }
+    }
+    if (effective >= g_min_level && effective != GGML_LOG_LEVEL_NONE && text) {
+        fputs(text, stderr);
+        fflush(stderr);
+    }
+}
+
+void pyggspec_log_set_min_level(int level) {
+    g_min_level = level;
+    ggml_log_set(pyggspec_log_callback, NULL);
+}
+
+int pyggspec_log_get_count(int level) {
+    return (level >= 0 && level < 8) ? g_counts[level] : 0;
+}
+
+const char * pyggspec_log_last_error(void) {
+    return g_last_error;
+}
+
+typedef ggml_backend_reg_t (*rpc_add_server_fn)(const char * endpoint);
+typedef void (*rpc_start_server_fn)(const char * endpoint, const char * cache_dir,
+                                    size_t n_threads, size_t n_devices, ggml_backend_dev_t * devices);
+typedef void (*set_n_threads_fn)(ggml_backend_t backend, int n_threads);
+
+/* Connect to an rpc-server and register its devices; NULL when RPC is not built in. */
+ggml_backend_reg_t pyggspec_rpc_add_server(const char * endpoint) {
+    ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+    if (!rpc) {
+        return NULL;
+    }
+    rpc_add_server_fn fn = (rpc_add_server_fn) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_add_server");
+    if (!fn) {
+        return NULL;
+    }
+    ggml_backend_reg_t reg = fn(endpoint);
+    if (reg) {
+        ggml_backend_register(reg);
+    }
+    return reg;
+}
+
+/* Serve this process's CPU device over RPC; blocks forever. -1 when RPC is not built in. */
+int pyggspec_rpc_start_server(const char * endpoint, const char * cache_dir, size_t n_threads) {
+    ggml_backend_reg_t rpc = ggml_backend_reg_by_name("RPC");
+    if (!rpc) {
+        return -1;
+    }
+    rpc_start_server_fn fn = (rpc_start_server_fn) ggml_backend_reg_get_proc_address(rpc, "ggml_backend_rpc_start_server");
+    if (!fn) {
+        return -1;
+    }
+    ggml_backend_dev_t cpu = NULL;
+    for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+        ggml_backend_dev_t d = ggml_backend_dev_get(i);
+        if (ggml_backend_dev_type(d) == GGML_BACKEND_DEVICE_TYPE_CPU) {
+            cpu = d;
+            break;
+        }
+    }
+    if (!cpu) {
+        return -2;
+    }
+    fn(endpoint, cache_dir, n_threads, 1, &cpu);
+    return 0;
+}
+
+/* Thread count for any backend that exposes it (CPU, BLAS, ...). */
+bool pyggspec_backend_set_n_threads(ggml_backend_t backend, int n_threads) {
+    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : NULL;
+    if (!reg) {
+        return false;
+    }
+    set_n_threads_fn fn = (set_n_threads_fn) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
+    if (!fn) {
+        return false;
+    }
+    fn(backend, n_threads);
+    return true;
+}

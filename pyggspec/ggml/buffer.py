@@ -1,0 +1,67 @@
+"""Backend buffers: the device memory that holds weights, caches and states."""
+
+from __future__ import annotations
+
+import weakref
+
+from pyggspec.errors import DeviceError
+from pyggspec.ggml import _lib
+from pyggspec.ggml.context import Context
+from pyggspec.ggml.device import Device
+
+USAGE_ANY = 0
+USAGE_WEIGHTS = 1
+USAGE_COMPUTE = 2
+
+
+class Buffer:
+    """Owns a ``ggml_backend_buffer``; ``close()`` frees the device memory."""
+
+    def __init__(self, ptr, device: Device, label: str = "") -> None:
+        self.ptr = ptr
+        self.device = device
+        self.label = label
+        self._finalizer = weakref.finalize(self, _lib.lib.ggml_backend_buffer_free, ptr)
+
+    @classmethod
+    def for_context(cls, ctx: Context, device: Device, label: str = "",
+                    usage: int = USAGE_ANY) -> Buffer:
+        """Allocate every tensor of ``ctx`` in one buffer on ``device``."""
+        lib, ffi = _lib.lib, _lib.ffi
+        buft = device.buffer_type()
+        need = int(lib.ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.ptr, buft))
+        free, total = device.memory()
+        if total and need > free and not device.is_cpu:
+            raise DeviceError(
+                device.name,
+                f"{label or 'buffer'} needs {need / 2**20:.1f} MiB but only "
+                f"{free / 2**20:.1f} MiB are free",
+            )
+        ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx.ptr, buft)
+        if ptr == ffi.NULL:
+            raise DeviceError(device.name, f"could not allocate {need} bytes for {label or 'buffer'}")
+        buf = cls(ptr, device, label)
+        if usage:
+            lib.ggml_backend_buffer_set_usage(ptr, usage)
+        return buf
+
+    @property
+    def size(self) -> int:
+        return int(_lib.lib.ggml_backend_buffer_get_size(self.ptr))
+
+    @property
+    def is_host(self) -> bool:
+        return bool(_lib.lib.ggml_backend_buffer_is_host(self.ptr))
+
+    def clear(self, value: int = 0) -> None:
+        _lib.lib.ggml_backend_buffer_clear(self.ptr, value)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.label!r} on {self.device.name}, {self.size} bytes)"

@@ -1,0 +1,149 @@
+"""Compute graphs and the multi-device scheduler.
+
+A :class:`Graph` is built once per shape and kept (see :class:`GraphCache`); running it
+again only needs its inputs written. The :class:`Scheduler` wraps ``ggml_backend_sched``,
+which splits a graph over devices and copies tensors between them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from pyggspec.errors import DeviceError
+from pyggspec.ggml import _lib
+from pyggspec.ggml.context import Context, GraphError
+from pyggspec.ggml.device import Backend
+from pyggspec.ggml.tensor import Tensor
+
+
+class Graph:
+    """A forward graph over the tensors reachable from ``outputs``."""
+
+    def __init__(self, ctx: Context, outputs: Iterable[Tensor], size: int) -> None:
+        self.ctx = ctx
+        ptr = _lib.lib.ggml_new_graph_custom(ctx.ptr, size, False)
+        if ptr == _lib.ffi.NULL:
+            raise GraphError("could not create graph (context too small)")
+        self.ptr = ptr
+        self.size = size
+        self.outputs = list(outputs)
+        for t in self.outputs:
+            self.expand(t)
+
+    def expand(self, t: Tensor) -> None:
+        # ggml aborts when the graph is full: check with margin for the new subgraph.
+        if self.n_nodes >= self.size:
+            raise GraphError(f"graph full ({self.size} nodes)")
+        _lib.lib.ggml_build_forward_expand(self.ptr, t.ptr)
+
+    @property
+    def n_nodes(self) -> int:
+        return int(_lib.lib.ggml_graph_n_nodes(self.ptr))
+
+    def nodes(self) -> list[Tensor]:
+        return [Tensor(_lib.lib.ggml_graph_node(self.ptr, i), self.ctx)
+                for i in range(self.n_nodes)]
+
+
+class Scheduler:
+    """Owns a ``ggml_backend_sched`` over backends (CPU must be last, ggml requires it)."""
+
+    def __init__(self, backends: list[Backend], graph_size: int = 8192,
+                 op_offload: bool = True) -> None:
+        if not backends or not backends[-1].device.is_cpu:
+            raise DeviceError(None, "the scheduler needs the CPU backend last")
+        ffi, lib = _lib.ffi, _lib.lib
+        self.backends = list(backends)
+        arr = ffi.new("ggml_backend_t[]", [b.ptr for b in self.backends])
+        self._arr = arr
+        ptr = lib.ggml_backend_sched_new(arr, ffi.NULL, len(arr), graph_size, False, op_offload)
+        if ptr == ffi.NULL:
+            raise DeviceError(None, "ggml_backend_sched_new failed")
+        self.ptr = ptr
+        self.graph_size = graph_size
+        self._allocated: Graph | None = None
+        self._finalizer = weakref.finalize(self, lib.ggml_backend_sched_free, ptr)
+
+    def close(self) -> None:
+        self._allocated = None
+        self._finalizer()
+
+    def reserve(self, graph: Graph) -> None:
+        """Size the compute buffers for ``graph`` (the largest graph expected)."""
+        if not _lib.lib.ggml_backend_sched_reserve(self.ptr, graph.ptr):
+            raise DeviceError(None, "could not reserve compute buffers")
+        self._allocated = None
+
+    def alloc(self, graph: Graph) -> None:
+        """Split and allocate ``graph`` unless it is the one already allocated."""
+        if self._allocated is graph:
+            return
+        lib = _lib.lib
+        lib.ggml_backend_sched_reset(self.ptr)
+        if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
+            raise DeviceError(None, "could not allocate the compute graph")
+        self._allocated = graph
+
+    def compute(self, graph: Graph) -> None:
+        self.alloc(graph)
+        status = _lib.lib.ggml_backend_sched_graph_compute(self.ptr, graph.ptr)
+        if status != _lib.lib.GGML_STATUS_SUCCESS:
+            msg = _lib.ffi.string(_lib.lib.ggml_status_to_string(status)).decode()
+            raise DeviceError(None, f"graph compute failed: {msg}")
+
+    def set_tensor_backend(self, t: Tensor, backend: Backend) -> None:
+        _lib.lib.ggml_backend_sched_set_tensor_backend(self.ptr, t.ptr, backend.ptr)
+
+    def tensor_backend(self, t: Tensor) -> str | None:
+        b = _lib.lib.ggml_backend_sched_get_tensor_backend(self.ptr, t.ptr)
+        return None if b == _lib.ffi.NULL else _lib.ffi.string(_lib.lib.ggml_backend_name(b)).decode()
+
+    @property
+    def n_splits(self) -> int:
+        return int(_lib.lib.ggml_backend_sched_get_n_splits(self.ptr))
+
+    def buffer_size(self, backend: Backend) -> int:
+        return int(_lib.lib.ggml_backend_sched_get_buffer_size(self.ptr, backend.ptr))
+
+    def buffer_sizes(self) -> dict[str, int]:
+        return {b.device.name: self.buffer_size(b) for b in self.backends}
+
+
+class GraphCache:
+    """Built graphs keyed by shape, so a step whose shape is unchanged rebuilds nothing.
+
+    ``build(key)`` returns any object with a ``close()`` (typically holding a Context and
+    a Graph plus named inputs/outputs); the least recently used entry is closed when the
+    cache is full.
+    """
+
+    def __init__(self, capacity: int = 8) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable, build: Callable[[Hashable], Any]) -> Any:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+        self.misses += 1
+        entry = build(key)
+        self._entries[key] = entry
+        while len(self._entries) > self.capacity:
+            _, old = self._entries.popitem(last=False)
+            old.close()
+        return entry
+
+    def clear(self) -> None:
+        while self._entries:
+            _, old = self._entries.popitem()
+            old.close()
+
+    def __len__(self) -> int:
+        return len(self._entries)

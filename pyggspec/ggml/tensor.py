@@ -1,0 +1,149 @@
+"""A ggml tensor handle: shape, type, name, and host <-> backend copies.
+
+The handle does not own memory: tensors live in a :class:`~pyggspec.ggml.context.Context`
+(metadata) and, once allocated, in a :class:`~pyggspec.ggml.buffer.Buffer` or the
+scheduler's compute buffers. The handle keeps its context alive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pyggspec.ggml import _lib
+from pyggspec.ggml.dtypes import GGMLType, numpy_dtype
+
+
+class Tensor:
+    __slots__ = ("ptr", "ctx", "__weakref__")
+
+    def __init__(self, ptr: Any, ctx: Any) -> None:
+        self.ptr = ptr
+        self.ctx = ctx
+
+    # --- metadata -------------------------------------------------------------
+    @property
+    def ne(self) -> tuple[int, int, int, int]:
+        ne = self.ptr.ne
+        return (ne[0], ne[1], ne[2], ne[3])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """ggml order (ne0 first), trailing 1s dropped (at least one dim)."""
+        ne = list(self.ne)
+        while len(ne) > 1 and ne[-1] == 1:
+            ne.pop()
+        return tuple(ne)
+
+    @property
+    def nb(self) -> tuple[int, int, int, int]:
+        nb = self.ptr.nb
+        return (nb[0], nb[1], nb[2], nb[3])
+
+    @property
+    def type(self) -> GGMLType:
+        return GGMLType(int(self.ptr.type))
+
+    @property
+    def name(self) -> str:
+        return _lib.ffi.string(self.ptr.name).decode()
+
+    @name.setter
+    def name(self, value: str) -> None:
+        _lib.lib.ggml_set_name(self.ptr, value.encode()[:63])
+
+    @property
+    def nelements(self) -> int:
+        ne = self.ne
+        return ne[0] * ne[1] * ne[2] * ne[3]
+
+    @property
+    def nbytes(self) -> int:
+        return int(_lib.lib.ggml_nbytes(self.ptr))
+
+    @property
+    def is_contiguous(self) -> bool:
+        return bool(_lib.lib.ggml_is_contiguous(self.ptr))
+
+    @property
+    def is_allocated(self) -> bool:
+        return self.ptr.buffer != _lib.ffi.NULL or self.ptr.data != _lib.ffi.NULL
+
+    @property
+    def op(self) -> str:
+        return _lib.ffi.string(_lib.lib.ggml_op_desc(self.ptr)).decode()
+
+    def set_input(self) -> Tensor:
+        _lib.lib.ggml_set_input(self.ptr)
+        return self
+
+    def set_output(self) -> Tensor:
+        _lib.lib.ggml_set_output(self.ptr)
+        return self
+
+    def named(self, name: str) -> Tensor:
+        """Set the name and return self, for ``x = ctx.add(a, b).named("ffn_out-3")``."""
+        self.name = name
+        return self
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, {self.type.name}, ne={self.shape})"
+
+    # --- data -----------------------------------------------------------------
+    def _check_data(self) -> None:
+        if not self.is_allocated:
+            raise ValueError(f"tensor {self.name!r} has no backend memory yet")
+
+    def set(self, data: np.ndarray | bytes | memoryview, offset: int = 0) -> None:
+        """Copy host bytes into the tensor (any backend). Size and bounds are checked."""
+        self._check_data()
+        if isinstance(data, np.ndarray):
+            if not data.flags.c_contiguous:
+                data = np.ascontiguousarray(data)
+            want = numpy_dtype(self.type)
+            if want is not None and data.dtype != want:
+                raise TypeError(f"tensor {self.name!r} is {self.type.name}, got {data.dtype}")
+        buf = _lib.ffi.from_buffer(data)
+        size = len(buf)
+        if offset < 0 or offset + size > self.nbytes:
+            raise ValueError(
+                f"write of {size} bytes at {offset} overflows tensor {self.name!r} "
+                f"({self.nbytes} bytes)"
+            )
+        _lib.lib.ggml_backend_tensor_set(self.ptr, buf, offset, size)
+
+    def get(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Copy the tensor to host. Shape is numpy order (reversed ne) for plain types."""
+        self._check_data()
+        dt = numpy_dtype(self.type)
+        if out is None:
+            if dt is None:
+                out = np.empty(self.nbytes, dtype=np.uint8)
+            else:
+                out = np.empty(tuple(reversed(self.shape)), dtype=dt)
+        if out.nbytes != self.nbytes or not out.flags.c_contiguous:
+            raise ValueError(f"output array of {out.nbytes} bytes for {self.nbytes}-byte tensor")
+        _lib.lib.ggml_backend_tensor_get(self.ptr, _lib.ffi.from_buffer(out), 0, out.nbytes)
+        return out
+
+    def get_rows(self, first: int, count: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Copy ``count`` rows (ne1 index) starting at ``first`` of a 2-D tensor to host."""
+        self._check_data()
+        ne0, ne1 = self.ne[0], self.ne[1]
+        if first < 0 or count < 0 or first + count > ne1 * self.ne[2] * self.ne[3]:
+            raise ValueError(f"rows {first}..{first + count} out of range for {self!r}")
+        dt = numpy_dtype(self.type)
+        if dt is None:
+            raise TypeError("get_rows needs a plain (non-block) type")
+        row = self.nb[1]
+        if out is None:
+            out = np.empty((count, ne0), dtype=dt)
+        _lib.lib.ggml_backend_tensor_get(
+            self.ptr, _lib.ffi.from_buffer(out), first * row, count * row
+        )
+        return out
+
+    def zero(self) -> None:
+        self._check_data()
+        _lib.lib.ggml_backend_tensor_memset(self.ptr, 0, 0, self.nbytes)
