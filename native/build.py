@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -102,8 +103,11 @@ def build(out_dir: Path, ggml: GgmlInstall | None = None, verbose: bool = False)
     out_dir.mkdir(parents=True, exist_ok=True)
     ffi = make_ffi(ggml)
     tmp = out_dir / "tmp"
-    path = ffi.compile(tmpdir=str(tmp), verbose=verbose)
-    return Path(path)
+    built = Path(ffi.compile(tmpdir=str(tmp), verbose=verbose))
+    final = out_dir / built.name
+    built.replace(final)  # atomic: a half-written module is never found
+    shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ def _builder() -> ModuleType:
     spec = importlib.util.spec_from_file_location("_pyggspec_native_build", path)
     mod = importlib.util.module_from_spec(spec)
     assert spec.loader is not None
+    sys.modules[spec.name] = mod  # dataclasses look their module up here
     spec.loader.exec_module(mod)
     return mod
 

@@ -116,6 +116,8 @@ class Tensor:
     def get(self, out: np.ndarray | None = None) -> np.ndarray:
         """Copy the tensor to host. Shape is numpy order (reversed ne) for plain types."""
         self._check_data()
+        if not self.is_contiguous:
+            raise ValueError(f"tensor {self.name!r} is a strided view; copy it with ctx.cont()")
         dt = numpy_dtype(self.type)
         if out is None:
             if dt is None:
