@@ -410,7 +410,8 @@ class Context:
             float(beta_fast), float(beta_slow)))
 
     def flash_attn_ext(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-                       scale: float, max_bias: float = 0.0, softcap: float = 0.0) -> Tensor:
+                       scale: float, max_bias: float = 0.0, softcap: float = 0.0,
+                       f32_acc: bool = False) -> Tensor:
         """q [hd, T, H, B], k/v [hd, n_kv, H_kv, B]; output [hd_v, H, T, B]."""
         qn, kn, vn = q.ne, k.ne, v.ne
         _need(kn[0] == qn[0] and qn[2] % kn[2] == 0 and qn[3] % kn[3] == 0,
@@ -422,9 +423,12 @@ class Context:
             _need(qn[2] % mask.ne[2] == 0 and qn[3] % mask.ne[3] == 0, "flash_attn_ext: mask dims")
         self._check_room()
         m = mask.ptr if mask is not None else _lib.ffi.NULL
-        return self._wrap(_lib.lib.ggml_flash_attn_ext(self.ptr, q.ptr, k.ptr, v.ptr, m,
-                                                       float(scale), float(max_bias),
-                                                       float(softcap)))
+        out = self._wrap(_lib.lib.ggml_flash_attn_ext(self.ptr, q.ptr, k.ptr, v.ptr, m,
+                                                      float(scale), float(max_bias),
+                                                      float(softcap)))
+        if f32_acc:
+            _lib.lib.ggml_prec_set_acc(out.ptr, _lib.lib.GGML_PREC_F32)
+        return out
 
     def ssm_conv(self, sx: Tensor, kernel: Tensor) -> Tensor:
         """Depthwise causal conv: sx [d_conv-1+T, C, B], kernel [d_conv, C] -> [C, T, B]."""

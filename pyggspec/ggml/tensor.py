@@ -146,6 +146,19 @@ class Tensor:
         )
         return out
 
-    def zero(self) -> None:
+    def zero(self, offset: int = 0, size: int | None = None) -> None:
+        """Zero ``size`` bytes from ``offset`` (default: the whole tensor)."""
         self._check_data()
-        _lib.lib.ggml_backend_tensor_memset(self.ptr, 0, 0, self.nbytes)
+        size = self.nbytes - offset if size is None else size
+        if offset < 0 or size < 0 or offset + size > self.nbytes:
+            raise ValueError(f"zero of {size} bytes at {offset} overflows {self!r}")
+        _lib.lib.ggml_backend_tensor_memset(self.ptr, 0, offset, size)
+
+    def read_bytes(self, offset: int, size: int) -> bytearray:
+        """Raw bytes [offset, offset+size) of the tensor (any type), e.g. one slot's rows."""
+        self._check_data()
+        if offset < 0 or size < 0 or offset + size > self.nbytes:
+            raise ValueError(f"read of {size} bytes at {offset} overflows {self!r}")
+        out = bytearray(size)
+        _lib.lib.ggml_backend_tensor_get(self.ptr, _lib.ffi.from_buffer(out), offset, size)
+        return out

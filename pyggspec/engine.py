@@ -1,0 +1,273 @@
+"""Engine: one model on its devices, sequence slots, batching, evaluation and generation.
+
+The engine owns the weights, the caches and the scheduler, and splits requests into
+ubatches of equal-length sequences (what the gated-delta-net graph needs). It is the
+Python API behind the CLI: ``Engine(path).generate(...)``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pyggspec.errors import PyggspecError
+from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
+from pyggspec.ggml.sched import Scheduler
+from pyggspec.memory import KVCache, RecurrentState
+from pyggspec.modelfile import open_model
+from pyggspec.models.qwen35 import StepResult, Target, UBatch
+
+
+@dataclass
+class Timings:
+    """llama.cpp-style timings plus the host (Python) share of each decode step."""
+
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+    python_ms: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        def per_s(n: int, ms: float) -> float:
+            return n / (ms / 1000) if ms > 0 else 0.0
+
+        py = float(np.median(self.python_ms)) if self.python_ms else 0.0
+        return {
+            "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
+            "prompt_per_second": per_s(self.prompt_n, self.prompt_ms),
+            "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
+            "predicted_per_second": per_s(self.predicted_n, self.predicted_ms),
+            "python_ms_per_step": py,
+        }
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    n_prompt: int
+    stop_reason: str  # "eos" | "length"
+    timings: Timings
+
+
+class Engine:
+    """A loaded model ready to evaluate and generate.
+
+    ``n_parallel`` sequence slots share the weights; each has its own KV cells and
+    recurrent state. Sequence ids are slot numbers ``0..n_parallel-1``.
+    """
+
+    def __init__(self, model_path: str | os.PathLike, *, mtp_path: str | os.PathLike | None = None,
+                 n_ctx: int = 4096, n_parallel: int = 1, n_threads: int | None = None,
+                 n_batch: int = 2048, n_ubatch: int = 512, n_gpu_layers: int | str | None = 0,
+                 device: str | None = None, override_tensor: Sequence[tuple[str, str]] = (),
+                 cpu_moe: bool = False, type_k: str = "f16", type_v: str = "f16",
+                 use_mmap: bool = True, load_tokenizer: bool = True,
+                 progress: bool | None = None) -> None:
+        from pyggspec.weights import load_weights, plan_placement
+
+        if n_ctx < 1 or n_parallel < 1 or n_ubatch < 1 or n_batch < n_ubatch:
+            raise PyggspecError(None, "need n_ctx, n_parallel, n_ubatch >= 1 and n_batch >= n_ubatch")
+        self._closers: list = []
+        try:
+            self.model = open_model(model_path, mtp_path)
+            self._closers.append(self.model)
+            trunk = self.model.trunk
+            if not trunk.has_trunk:
+                raise PyggspecError(model_path, "this is an MTP-only file; pass the trunk model "
+                                    "with -m and this file with --spec-draft-model")
+            self.hp = hp = trunk.hparams
+            self.n_vocab = trunk.n_vocab
+            self.n_ctx = min(n_ctx, hp.n_ctx_train) if hp.n_ctx_train else n_ctx
+            self.n_parallel = n_parallel
+            self.n_ubatch = n_ubatch
+            self.n_batch = n_batch
+            self.n_threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
+            names = [d.name for d in devices()]
+            self.placement = plan_placement(trunk, names, n_gpu_layers, device, override_tensor,
+                                            cpu_moe, include_mtp=False)
+            self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
+                                        progress=progress)
+            self._closers.append(self.weights)
+
+            layer_dev = {il: get_device(self.placement.layer_devices[il])
+                         for il in range(hp.n_layer)}
+            attn = {il: d for il, d in layer_dev.items() if not hp.is_recurrent(il)}
+            recr = {il: d for il, d in layer_dev.items() if hp.is_recurrent(il)}
+            self.kv = KVCache(attn, hp.n_embd_k_gqa, hp.n_embd_v_gqa, self.n_ctx, n_parallel,
+                              type_k, type_v)
+            self._closers.append(self.kv)
+            self.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, n_parallel)
+            self._closers.append(self.rs)
+
+            used = {self.placement.output_device, *self.placement.layer_devices[: hp.n_layer]}
+            self.backends: list[Backend] = []
+            for name in sorted(used - {"CPU"}):
+                self.backends.append(get_device(name).open())
+            self.backends.append(cpu_device().open(self.n_threads))
+            self._closers.extend(self.backends)
+            self.sched = Scheduler(self.backends)
+            self._closers.append(self.sched)
+            self.target = Target(hp, self.weights, self.kv, self.rs, self.sched)
+            self._closers.append(self.target)
+            self.tokenizer = None
+            if load_tokenizer:
+                from pyggspec.tokenizer import Tokenizer
+
+                self.tokenizer = Tokenizer(model_path)
+                self._closers.append(self.tokenizer)
+            for s in range(n_parallel):
+                self.clear(s)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- lifecycle ----------------------------------------------------------------
+    def close(self) -> None:
+        while self._closers:
+            self._closers.pop().close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- sequences --------------------------------------------------------------------
+    def _check_seq(self, seq_id: int) -> None:
+        if not 0 <= seq_id < self.n_parallel:
+            raise PyggspecError(None, f"sequence id {seq_id} outside 0..{self.n_parallel - 1}")
+
+    def seq_len(self, seq_id: int = 0) -> int:
+        self._check_seq(seq_id)
+        return int(self.kv.lengths[seq_id])
+
+    def clear(self, seq_id: int) -> None:
+        self._check_seq(seq_id)
+        self.kv.clear(seq_id)
+        self.rs.clear(seq_id)
+
+    def copy_seq(self, src: int, dst: int) -> None:
+        self._check_seq(src)
+        self._check_seq(dst)
+        self.kv.copy(src, dst)
+        self.rs.copy(src, dst)
+
+    # --- tokens -------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return self._tok().tokenize(text, add_special=add_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._tok().detokenize(ids)
+
+    def _tok(self):
+        if self.tokenizer is None:
+            raise PyggspecError(None, "engine was created with load_tokenizer=False")
+        return self.tokenizer
+
+    # --- evaluation ----------------------------------------------------------------------
+    def decode(self, batch: Mapping[int, Sequence[int]], logits: str = "last",
+               hidden: bool = False) -> dict[int, StepResult]:
+        """Append tokens to several sequences at once; logits ``"last"`` or ``"all"`` rows.
+
+        Sequences are grouped into ubatches of equal length (B sequences x T tokens), at
+        most ``n_ubatch`` tokens each, in slot order.
+        """
+        if logits not in ("last", "all"):
+            raise ValueError("logits must be 'last' or 'all'")
+        pending: dict[int, np.ndarray] = {}
+        for seq, toks in batch.items():
+            self._check_seq(seq)
+            arr = np.asarray(toks, dtype=np.int32).reshape(-1)
+            if arr.size == 0:
+                continue
+            if arr.min() < 0 or arr.max() >= self.n_vocab:
+                raise PyggspecError(None, f"sequence {seq}: token id out of range 0.."
+                                    f"{self.n_vocab - 1}")
+            if self.seq_len(seq) + arr.size > self.n_ctx:
+                raise PyggspecError(None, f"sequence {seq}: context full ({self.n_ctx} tokens)")
+            pending[seq] = arr
+        out_logits: dict[int, list[np.ndarray]] = {s: [] for s in pending}
+        out_hidden: dict[int, list[np.ndarray]] = {s: [] for s in pending}
+        done = dict.fromkeys(pending, 0)
+        while True:
+            left = {s: a.size - done[s] for s, a in pending.items() if a.size > done[s]}
+            if not left:
+                break
+            # one ubatch: the sequences sharing the smallest remaining count, chunked
+            T = min(min(left.values()), self.n_ubatch)
+            seqs = sorted(s for s, n in left.items() if n >= T)[: max(1, self.n_ubatch // T)]
+            tokens = np.stack([pending[s][done[s]: done[s] + T] for s in seqs])
+            pos0 = np.array([self.seq_len(s) for s in seqs], dtype=np.int64)
+            if logits == "all":
+                outputs = np.arange(T * len(seqs), dtype=np.int32)
+            else:
+                outputs = np.array([i * T + T - 1 for i, s in enumerate(seqs)
+                                    if done[s] + T == pending[s].size], dtype=np.int32)
+                if outputs.size == 0:
+                    outputs = np.array([T - 1], dtype=np.int32)  # keep the graph well-formed
+            res = self.target.run(UBatch(tokens, pos0, tuple(seqs), outputs, hidden))
+            rows = {int(r): i for i, r in enumerate(outputs)}
+            for i, s in enumerate(seqs):
+                if logits == "all":
+                    out_logits[s].append(res.logits[i * T:(i + 1) * T])
+                elif (i * T + T - 1) in rows and done[s] + T == pending[s].size:
+                    out_logits[s].append(res.logits[rows[i * T + T - 1]][None])
+                if hidden and res.hidden is not None:
+                    out_hidden[s].append(res.hidden[i * T:(i + 1) * T])
+                done[s] += T
+        return {s: StepResult(np.concatenate(out_logits[s]) if out_logits[s] else
+                              np.zeros((0, self.n_vocab), np.float32),
+                              np.concatenate(out_hidden[s]) if hidden else None)
+                for s in pending}
+
+    def eval(self, tokens: Sequence[int], seq_id: int = 0) -> np.ndarray:
+        """Append ``tokens`` to ``seq_id``; logits of every position, [n_tokens, n_vocab]."""
+        return self.decode({seq_id: tokens}, logits="all")[seq_id].logits
+
+    # --- generation -----------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, seq_id: int = 0,
+                 ignore_eos: bool = False) -> Iterator[int]:
+        """Greedy generation: yields token ids; ``self.last_result`` holds the stats."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise PyggspecError(None, "empty prompt")
+        timings = Timings()
+        self.clear(seq_id)
+        t0 = time.perf_counter()
+        logits = self.decode({seq_id: ids})[seq_id].logits[-1]
+        timings.prompt_n, timings.prompt_ms = len(ids), (time.perf_counter() - t0) * 1000
+        out: list[int] = []
+        stop = "length"
+        t0 = time.perf_counter()
+        for _ in range(max_tokens):
+            tok = int(np.argmax(logits))
+            if not ignore_eos and self.tokenizer is not None and self.tokenizer.is_eog(tok):
+                stop = "eos"
+                break
+            out.append(tok)
+            yield tok
+            if len(out) == max_tokens or self.seq_len(seq_id) + 1 > self.n_ctx:
+                break
+            logits = self.decode({seq_id: [tok]})[seq_id].logits[-1]
+            timings.python_ms.append(self.target.last_python_ms)
+        timings.predicted_n = len(out)
+        timings.predicted_ms = (time.perf_counter() - t0) * 1000
+        text = self.detokenize(out) if self.tokenizer is not None else ""
+        self.last_result = GenerationResult(text, out, len(ids), stop, timings)
+
+    def memory(self) -> dict:
+        """Bytes per component and device, as allocated."""
+        comp = {
+            "weights": dict(self.weights.bytes_by_device()),
+            "kv": self.kv.bytes_by_device(),
+            "recurrent": self.rs.bytes_by_device(),
+            "compute": self.sched.buffer_sizes(),
+        }
+        total = sum(sum(v.values()) for v in comp.values())
+        return {"total_bytes": total, **comp}

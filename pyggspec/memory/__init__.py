@@ -1,0 +1,6 @@
+"""Per-sequence model memory: attention KV caches and gated-delta-net states."""
+
+from pyggspec.memory.kv import KVCache
+from pyggspec.memory.recurrent import RecurrentState
+
+__all__ = ["KVCache", "RecurrentState"]

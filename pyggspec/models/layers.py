@@ -1,0 +1,283 @@
+"""The layers of Qwen3.5 / Qwen3.6 as plain functions that add ggml nodes.
+
+Each function takes a :class:`Builder` (the ggml context, the graph being built, the
+weights, the ubatch shape) and names its nodes as llama.cpp does (``attn_norm-3``), so
+intermediate tensors can be compared by name. Shapes are ggml order (ne0 first).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pyggspec.ggml.context import ROPE_TYPE_IMROPE, Context
+from pyggspec.ggml.sched import Graph
+from pyggspec.ggml.tensor import Tensor
+from pyggspec.modelfile import HParams
+
+
+@dataclass
+class Builder:
+    """What every layer function needs while one graph is being built."""
+
+    ctx: Context
+    graph: Graph
+    hp: HParams
+    weight: Callable[[str], Tensor]
+    has_weight: Callable[[str], bool]
+    n_seq_tokens: int  # T: tokens per sequence in this ubatch
+    n_seqs: int  # B: sequences in this ubatch
+    names: dict[str, Tensor]
+
+    @property
+    def n_tokens(self) -> int:
+        return self.n_seq_tokens * self.n_seqs
+
+    def cb(self, t: Tensor, name: str, il: int = -1) -> Tensor:
+        """Name a node like llama.cpp's callback and remember it for inspection."""
+        full = f"{name}-{il}" if il >= 0 else name
+        t.name = full
+        self.names[full] = t
+        return t
+
+    def w(self, name: str, il: int | None = None) -> Tensor:
+        return self.weight(f"blk.{il}.{name}" if il is not None else name)
+
+    def has(self, name: str, il: int | None = None) -> bool:
+        return self.has_weight(f"blk.{il}.{name}" if il is not None else name)
+
+
+def rms_norm(b: Builder, x: Tensor, weight: Tensor) -> Tensor:
+    return b.ctx.mul(b.ctx.rms_norm(x, b.hp.rms_eps), weight)
+
+
+def l2_norm(b: Builder, x: Tensor) -> Tensor:
+    """x / sqrt(sum(x^2) + eps) over ne0, as llama.cpp's GDN builds it from rms_norm."""
+    n = x.ne[0]
+    return b.ctx.scale(b.ctx.rms_norm(x, b.hp.rms_eps / n), 1.0 / math.sqrt(n))
+
+
+def linear(b: Builder, x: Tensor, name: str, il: int | None = None) -> Tensor:
+    """Weight matmul, plus the bias when the file has one."""
+    y = b.ctx.mul_mat(b.w(f"{name}.weight", il), x)
+    if b.has(f"{name}.bias", il):
+        y = b.ctx.add(y, b.w(f"{name}.bias", il))
+    return y
+
+
+# --- feed-forward -----------------------------------------------------------------------
+def ffn_dense(b: Builder, x: Tensor, il: int, prefix: str = "ffn", suffix: str = "") -> Tensor:
+    ctx = b.ctx
+    up = b.cb(ctx.mul_mat(b.w(f"{prefix}_up{suffix}.weight", il), x), f"{prefix}_up{suffix}", il)
+    gate = b.cb(ctx.mul_mat(b.w(f"{prefix}_gate{suffix}.weight", il), x),
+                f"{prefix}_gate{suffix}", il)
+    act = b.cb(ctx.swiglu_split(gate, up), f"{prefix}_swiglu{suffix}", il)
+    return b.cb(ctx.mul_mat(b.w(f"{prefix}_down{suffix}.weight", il), act),
+                f"{prefix}_down{suffix}", il)
+
+
+def ffn_moe(b: Builder, x: Tensor, il: int) -> Tensor:
+    """Softmax router, top-k renormalised, SiLU-gated experts, plus the gated shared expert."""
+    ctx, hp = b.ctx, b.hp
+    n_embd, n_tok = x.ne[0], x.ne[1]
+    n_expert, n_used = hp.n_expert, hp.n_expert_used
+    logits = b.cb(ctx.mul_mat(b.w("ffn_gate_inp.weight", il), x), "ffn_moe_logits", il)
+    probs = b.cb(ctx.soft_max_ext(logits, None, 1.0), "ffn_moe_probs", il)
+    selected = b.cb(ctx.argsort_top_k(probs, n_used), "ffn_moe_topk", il)
+    weights = ctx.get_rows(ctx.reshape(probs, (1, n_expert, n_tok)), selected)
+    b.cb(weights, "ffn_moe_weights", il)
+    weights = ctx.reshape(weights, (n_used, n_tok))
+    wsum = ctx.clamp(ctx.sum_rows(weights), 6.103515625e-5, math.inf)
+    weights = ctx.reshape(ctx.div(weights, wsum), (1, n_used, n_tok))
+    b.cb(weights, "ffn_moe_weights_norm", il)
+    b.graph.expand(weights)
+    cur = ctx.reshape(x, (n_embd, 1, n_tok))
+    if b.has("ffn_gate_up_exps.weight", il):
+        gate_up = ctx.mul_mat_id(b.w("ffn_gate_up_exps.weight", il), cur, selected)
+        n_ff = gate_up.ne[0] // 2
+        gate = ctx.view(gate_up, (n_ff, gate_up.ne[1], gate_up.ne[2]),
+                        (gate_up.nb[1], gate_up.nb[2]), 0)
+        up = ctx.view(gate_up, (n_ff, gate_up.ne[1], gate_up.ne[2]),
+                      (gate_up.nb[1], gate_up.nb[2]), n_ff * gate_up.nb[0])
+    else:
+        up = b.cb(ctx.mul_mat_id(b.w("ffn_up_exps.weight", il), cur, selected), "ffn_moe_up", il)
+        gate = b.cb(ctx.mul_mat_id(b.w("ffn_gate_exps.weight", il), cur, selected),
+                    "ffn_moe_gate", il)
+    act = b.cb(ctx.swiglu_split(gate, up), "ffn_moe_swiglu", il)
+    experts = b.cb(ctx.mul_mat_id(b.w("ffn_down_exps.weight", il), act, selected),
+                   "ffn_moe_down", il)
+    experts = b.cb(ctx.mul(experts, weights), "ffn_moe_weighted", il)
+    b.graph.expand(experts)
+    views = [ctx.view(experts, (n_embd, n_tok), (experts.nb[2],), i * experts.nb[1])
+             for i in range(n_used)]
+    for v in views:
+        b.graph.expand(v)
+    out = views[0]
+    for v in views[1:]:
+        out = ctx.add(out, v)
+        b.graph.expand(out)
+    if n_used == 1:
+        out = ctx.cont(out)
+    out = b.cb(out, "ffn_moe_out", il)
+    if b.has("ffn_up_shexp.weight", il):
+        sh = ffn_dense(b, x, il, suffix="_shexp")
+        gate = ctx.sigmoid(ctx.mul_mat(b.w("ffn_gate_inp_shexp.weight", il), x))
+        sh = b.cb(ctx.mul(sh, gate), "ffn_shexp_gated", il)
+        out = ctx.add(out, sh)
+    return out
+
+
+def ffn(b: Builder, x: Tensor, il: int) -> Tensor:
+    if b.has("ffn_gate_inp.weight", il):
+        return ffn_moe(b, x, il)
+    return ffn_dense(b, x, il)
+
+
+# --- gated full attention ---------------------------------------------------------------
+@dataclass
+class AttnInputs:
+    """Graph inputs shared by every attention layer of one ubatch."""
+
+    pos: Tensor  # I32 [4 * n_tokens]: (p, p, p, 0) per token, sectioned
+    mask: Tensor  # F16 [n_kv, T, 1, B]
+    kv_idx: Tensor  # I64 [n_tokens]: slot * n_ctx + pos, where each token's K/V goes
+    n_kv: int
+    slots: tuple[int, ...]  # cache slot of each sequence in the ubatch
+    n_ctx: int  # cells per slot
+
+
+def _kv_view(b: Builder, written: Tensor, hd: int, n_head_kv: int, inp: AttnInputs,
+             first: int, count: int) -> Tensor:
+    """[hd, n_kv, H_kv, count] view of slots first..first+count-1 of a cache (after writing)."""
+    cell = written.nb[1]
+    hd_bytes = cell // n_head_kv
+    v = b.ctx.view(written, (hd, n_head_kv, inp.n_kv, count),
+                   (hd_bytes, cell, cell * inp.n_ctx), first * inp.n_ctx * cell)
+    return b.ctx.permute(v, 0, 2, 1, 3)
+
+
+def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
+              v_cache: Tensor) -> Tensor:
+    ctx, hp = b.ctx, b.hp
+    hd, n_head, n_head_kv = hp.head_dim, hp.n_head, hp.n_head_kv
+    T, B, n_tok = b.n_seq_tokens, b.n_seqs, b.n_tokens
+    if b.has("attn_qkv.weight", il):
+        qkv = linear(b, x, "attn_qkv", il)
+        q_full = ctx.view(qkv, (hd * n_head * 2, n_tok), (qkv.nb[1],), 0)
+        k = ctx.view(qkv, (hd * n_head_kv, n_tok), (qkv.nb[1],), hd * n_head * 2 * 4)
+        v = ctx.view(qkv, (hd * n_head_kv, n_tok), (qkv.nb[1],), hd * (n_head * 2 + n_head_kv) * 4)
+        k, v = ctx.cont(k), ctx.cont(v)
+    else:
+        q_full = linear(b, x, "attn_q", il)
+        k = linear(b, x, "attn_k", il)
+        v = linear(b, x, "attn_v", il)
+    b.cb(q_full, "Qcur_full", il)
+    es = 4
+    q = ctx.view(q_full, (hd, n_head, n_tok), (es * hd * 2, es * hd * 2 * n_head), 0)
+    q = b.cb(rms_norm(b, q, b.w("attn_q_norm.weight", il)), "Qcur_normed", il)
+    k = ctx.reshape(k, (hd, n_head_kv, n_tok))
+    k = b.cb(rms_norm(b, k, b.w("attn_k_norm.weight", il)), "Kcur_normed", il)
+    gate = ctx.view(q_full, (hd, n_head, n_tok), (es * hd * 2, es * hd * 2 * n_head), es * hd)
+    gate = b.cb(ctx.cont(gate, (hd * n_head, n_tok)), "gate_reshaped", il)
+    v = ctx.reshape(v, (hd, n_head_kv, n_tok))
+    rope = dict(n_dims=hp.n_rot, sections=hp.rope_sections, mode=ROPE_TYPE_IMROPE,
+                n_ctx_orig=hp.n_ctx_orig_yarn or hp.n_ctx_train, freq_base=hp.rope_freq_base,
+                freq_scale=hp.rope_freq_scale)
+    q = b.cb(ctx.rope_multi(q, inp.pos, **rope), "Qcur", il)
+    k = b.cb(ctx.rope_multi(k, inp.pos, **rope), "Kcur", il)
+    b.cb(v, "Vcur", il)
+
+    # write this ubatch's K/V into the cache cells, then attend over the written cache
+    k_all = ctx.reshape(k_cache, (k_cache.ne[0], k_cache.ne[1] * k_cache.ne[2]))
+    v_all = ctx.reshape(v_cache, (v_cache.ne[0], v_cache.ne[1] * v_cache.ne[2]))
+    k_written = ctx.set_rows(k_all, ctx.reshape(k, (hd * n_head_kv, n_tok)), inp.kv_idx)
+    v_written = ctx.set_rows(v_all, ctx.reshape(v, (hd * n_head_kv, n_tok)), inp.kv_idx)
+    b.graph.expand(k_written)
+    b.graph.expand(v_written)
+
+    q4 = ctx.reshape(q, (hd, n_head, T, B))
+    scale = 1.0 / math.sqrt(hd)
+    slots = inp.slots
+    if all(slots[i] == slots[0] + i for i in range(B)):
+        groups = [(0, B, slots[0])]
+    else:
+        groups = [(i, 1, s) for i, s in enumerate(slots)]
+    outs = []
+    for first, count, slot in groups:
+        qv = q4 if count == B else ctx.view(q4, (hd, n_head, T, count),
+                                            (q4.nb[1], q4.nb[2], q4.nb[3]), first * q4.nb[3])
+        qv = ctx.permute(qv, 0, 2, 1, 3)
+        kv = _kv_view(b, k_written, hd, n_head_kv, inp, slot, count)
+        vv = _kv_view(b, v_written, hd, n_head_kv, inp, slot, count)
+        m = inp.mask if count == B else ctx.view(
+            inp.mask, (inp.n_kv, T, 1, 1), (inp.mask.nb[1], inp.mask.nb[2]),
+            first * inp.mask.nb[3])
+        o = ctx.flash_attn_ext(qv, kv, vv, m, scale, f32_acc=True)
+        outs.append(o)  # [hd, H, T, count]
+    o = outs[0]
+    for extra in outs[1:]:
+        o = ctx.concat(o, extra, 3)
+    o = ctx.reshape(o, (hd * n_head, n_tok))
+    b.cb(o, "attn_pregate", il)
+    o = b.cb(ctx.mul(o, ctx.sigmoid(gate)), "attn_gated", il)
+    return b.cb(linear(b, o, "attn_output", il), "attn_output", il)
+
+
+# --- gated delta net --------------------------------------------------------------------
+@dataclass
+class RecurrentInputs:
+    slot_ids: Tensor  # I32 [B]: state rows of the ubatch's sequences
+
+
+def gated_delta_net(b: Builder, x: Tensor, il: int, inp: RecurrentInputs, conv_states: Tensor,
+                    ssm_states: Tensor) -> Tensor:
+    ctx, hp = b.ctx, b.hp
+    T, B = b.n_seq_tokens, b.n_seqs
+    S, Hk, Hv = hp.ssm_d_state, hp.ssm_n_group, hp.ssm_dt_rank
+    head_v = hp.ssm_d_inner // Hv
+    d_conv = hp.ssm_d_conv
+    conv_ch = hp.ssm_d_inner + 2 * Hk * S
+
+    qkv = b.cb(ctx.reshape(ctx.mul_mat(b.w("attn_qkv.weight", il), x), (conv_ch, T, B)),
+               "linear_attn_qkv_mixed", il)
+    z = b.cb(ctx.mul_mat(b.w("attn_gate.weight", il), x), "z", il)
+    beta = ctx.reshape(ctx.mul_mat(b.w("ssm_beta.weight", il), x), (1, Hv, T, B))
+    beta = b.cb(ctx.sigmoid(beta), "beta_sigmoid", il)
+    alpha = ctx.reshape(ctx.mul_mat(b.w("ssm_alpha.weight", il), x), (Hv, T, B))
+    alpha = ctx.softplus(ctx.add(alpha, b.w("ssm_dt.bias", il)))
+    g = b.cb(ctx.mul(alpha, b.w("ssm_a", il)), "gate", il)
+    g = ctx.reshape(g, (1, Hv, T, B))
+
+    # conv window: previous d_conv-1 inputs per channel, then this ubatch's inputs
+    conv_prev = ctx.reshape(ctx.get_rows(conv_states, inp.slot_ids), (d_conv - 1, conv_ch, B))
+    b.cb(conv_prev, "conv_states_reshaped", il)
+    conv_in = b.cb(ctx.concat(conv_prev, ctx.transpose(qkv), 0), "conv_input", il)
+    last = ctx.view(conv_in, (d_conv - 1, conv_ch, B), (conv_in.nb[1], conv_in.nb[2]),
+                    T * conv_in.nb[0])
+    last = ctx.cont(last, ((d_conv - 1) * conv_ch, B))
+    b.graph.expand(ctx.set_rows(conv_states, last, inp.slot_ids))
+
+    state = ctx.reshape(ctx.get_rows(ssm_states, inp.slot_ids), (head_v, head_v, Hv, B))
+    b.cb(state, "state_predelta", il)
+    conv_out = b.cb(ctx.silu(ctx.ssm_conv(conv_in, b.w("ssm_conv1d.weight", il))),
+                    "conv_output_silu", il)
+    row = conv_out.nb[1]  # [conv_ch, T, B]
+    f = 4
+    q = ctx.view(conv_out, (S, Hk, T, B), (S * f, row, row * T), 0)
+    k = ctx.view(conv_out, (S, Hk, T, B), (S * f, row, row * T), S * Hk * f)
+    v = ctx.view(conv_out, (head_v, Hv, T, B), (head_v * f, row, row * T), 2 * S * Hk * f)
+    q = b.cb(l2_norm(b, q), "q_conv_predelta", il)
+    k = b.cb(l2_norm(b, k), "k_conv_predelta", il)
+
+    out = ctx.gated_delta_net(q, k, v, g, beta, state, 1)
+    n_out = head_v * Hv * T * B
+    o = b.cb(ctx.view(out, (head_v, Hv, T, B), (head_v * f, head_v * Hv * f, head_v * Hv * T * f),
+                      0), "attn_output", il)
+    new_state = ctx.view(out, (head_v * head_v * Hv, B), (head_v * head_v * Hv * f,), n_out * f)
+    b.graph.expand(ctx.set_rows(ssm_states, new_state, inp.slot_ids))
+
+    z4 = ctx.reshape(z, (head_v, Hv, T, B))
+    o = ctx.mul(rms_norm(b, o, b.w("ssm_norm.weight", il)), ctx.silu(z4))
+    o = b.cb(ctx.reshape(o, (head_v * Hv, T * B)), "final_output", il)
+    return b.cb(ctx.mul_mat(b.w("ssm_out.weight", il), o), "linear_attn_out", il)

@@ -1,0 +1,177 @@
+"""The Qwen3.5 / Qwen3.6 trunk ("target") graph, dense and MoE, and the runner that feeds it.
+
+One :class:`TargetGraph` is built per ubatch shape and cached; a step with the same shape
+only writes the small input tensors (token ids, positions, mask, cache cells, state slots)
+and reads the logits (and, for MTP, the post-norm hidden rows ``h_nextn``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pyggspec.ggml.context import Context
+from pyggspec.ggml.sched import Graph, GraphCache, Scheduler
+from pyggspec.ggml.tensor import Tensor
+from pyggspec.memory import KVCache, RecurrentState
+from pyggspec.models import layers
+from pyggspec.models.layers import AttnInputs, Builder, RecurrentInputs
+from pyggspec.modelfile import HParams
+
+KV_PAD = 256  # attended cache window grows in steps of this many cells (graph reuse)
+GRAPH_SIZE = 16384
+
+
+@dataclass(frozen=True)
+class UBatchShape:
+    """Everything a built graph depends on. Same shape => same graph, reused."""
+
+    n_seq_tokens: int
+    n_seqs: int
+    n_kv: int
+    slots: tuple[int, ...]
+    n_outputs: int  # rows of logits wanted (== n_tokens means all)
+    hidden: bool  # also read back h_nextn for every token
+
+
+@dataclass
+class UBatch:
+    """B sequences x T tokens each; ``outputs`` marks which flat rows need logits."""
+
+    tokens: np.ndarray  # int32 [B, T]
+    pos0: np.ndarray  # int64 [B]: position of each sequence's first token here
+    slots: tuple[int, ...]
+    outputs: np.ndarray  # int32 [n_out]: flat indices (b*T + t) that need logits
+    hidden: bool = False
+
+
+@dataclass
+class StepResult:
+    logits: np.ndarray  # float32 [n_out, n_vocab]
+    hidden: np.ndarray | None  # float32 [n_tokens, n_embd] (post output_norm) or None
+
+
+def kv_window(max_pos_end: int, n_ctx: int) -> int:
+    return min(n_ctx, -(-max_pos_end // KV_PAD) * KV_PAD)
+
+
+class TargetGraph:
+    """A built trunk graph for one :class:`UBatchShape` with its named inputs/outputs."""
+
+    def __init__(self, hp: HParams, weights, kv: KVCache, rs: RecurrentState,
+                 shape: UBatchShape) -> None:
+        T, B = shape.n_seq_tokens, shape.n_seqs
+        n_tok = T * B
+        self.shape = shape
+        self.ctx = ctx = Context(GRAPH_SIZE * 2, graph_size=GRAPH_SIZE)
+        try:
+            self.graph = graph = Graph(ctx, [], GRAPH_SIZE)
+            self.names: dict[str, Tensor] = {}
+            b = Builder(ctx, graph, hp, weights.get, weights.has, T, B, self.names)
+            self.tokens = ctx.input("i32", (n_tok,), "inp_tokens")
+            self.pos = ctx.input("i32", (4 * n_tok,), "inp_pos")
+            self.mask = ctx.input("f16", (shape.n_kv, T, 1, B), "kq_mask")
+            self.kv_idx = ctx.input("i64", (n_tok,), "kv_idx")
+            self.slot_ids = ctx.input("i32", (B,), "rs_slots")
+            attn_in = AttnInputs(self.pos, self.mask, self.kv_idx, shape.n_kv, shape.slots,
+                                 kv.n_ctx)
+            rec_in = RecurrentInputs(self.slot_ids)
+
+            x = b.cb(ctx.get_rows(weights.get("token_embd.weight"), self.tokens),
+                     "model.input_embed")
+            for il in range(hp.n_layer):
+                inp_sa = x
+                cur = b.cb(layers.rms_norm(b, x, b.w("attn_norm.weight", il)), "attn_norm", il)
+                graph.expand(cur)
+                if hp.is_recurrent(il):
+                    cur = layers.gated_delta_net(b, cur, il, rec_in, rs.conv(il), rs.ssm(il))
+                else:
+                    cur = layers.attention(b, cur, il, attn_in, kv.k(il), kv.v(il))
+                cur = b.cb(ctx.add(cur, inp_sa), "attn_residual", il)
+                res = cur
+                cur = b.cb(layers.rms_norm(b, cur, b.w("post_attention_norm.weight", il)),
+                           "attn_post_norm", il)
+                cur = b.cb(layers.ffn(b, cur, il), "ffn_out", il)
+                x = b.cb(ctx.add(cur, res), "l_out", il)
+            h = b.cb(layers.rms_norm(b, x, weights.get("output_norm.weight")), "h_nextn")
+            self.out_ids = None
+            sel = h
+            if shape.n_outputs != n_tok:
+                self.out_ids = ctx.input("i32", (shape.n_outputs,), "out_ids")
+                sel = ctx.get_rows(h, self.out_ids)
+            b.cb(sel, "result_norm")
+            self.logits = b.cb(ctx.mul_mat(weights.get("output.weight"), sel), "result_output")
+            self.logits.set_output()
+            graph.expand(self.logits)
+            self.hidden = None
+            if shape.hidden:
+                self.hidden = h.set_output()
+                graph.expand(h)
+        except BaseException:
+            ctx.close()
+            raise
+        # host-side input buffers, reused every step
+        self._pos = np.zeros((4, n_tok), dtype=np.int32)
+        self._mask = np.zeros((B, 1, T, shape.n_kv), dtype=np.float16)
+        self._cells = np.arange(shape.n_kv, dtype=np.int64)
+
+    def set_inputs(self, ub: UBatch, n_ctx: int) -> None:
+        T, B = self.shape.n_seq_tokens, self.shape.n_seqs
+        self.tokens.set(np.ascontiguousarray(ub.tokens, dtype=np.int32).reshape(-1))
+        pos = (ub.pos0[:, None] + np.arange(T)[None, :]).reshape(-1)  # [B*T]
+        self._pos[:3] = pos
+        self.pos.set(self._pos)
+        visible = self._cells[None, None, :] <= pos.reshape(B, T)[:, :, None]
+        self._mask[:, 0] = np.where(visible, 0.0, -np.inf).astype(np.float16)
+        self.mask.set(self._mask)
+        slots = np.asarray(ub.slots, dtype=np.int64)
+        self.kv_idx.set((slots[:, None] * n_ctx + pos.reshape(B, T)).reshape(-1))
+        self.slot_ids.set(slots.astype(np.int32))
+        if self.out_ids is not None:
+            self.out_ids.set(np.ascontiguousarray(ub.outputs, dtype=np.int32))
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+class Target:
+    """Runs trunk ubatches on a scheduler, reusing graphs by shape."""
+
+    def __init__(self, hp: HParams, weights, kv: KVCache, rs: RecurrentState,
+                 sched: Scheduler, cache_size: int = 8) -> None:
+        self.hp = hp
+        self.weights = weights
+        self.kv = kv
+        self.rs = rs
+        self.sched = sched
+        self.graphs = GraphCache(cache_size)
+        self.last_python_ms = 0.0
+
+    def shape_of(self, ub: UBatch) -> UBatchShape:
+        B, T = ub.tokens.shape
+        end = int((ub.pos0 + T).max())
+        return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), tuple(ub.slots),
+                           len(ub.outputs), ub.hidden)
+
+    def run(self, ub: UBatch) -> StepResult:
+        t0 = time.perf_counter()
+        shape = self.shape_of(ub)
+        g = self.graphs.get(shape, lambda s: TargetGraph(self.hp, self.weights, self.kv,
+                                                         self.rs, s))
+        self.sched.alloc(g.graph)
+        g.set_inputs(ub, self.kv.n_ctx)
+        t1 = time.perf_counter()
+        self.sched.compute(g.graph)
+        t2 = time.perf_counter()
+        logits = g.logits.get().reshape(shape.n_outputs, -1)
+        hidden = g.hidden.get().reshape(shape.n_seq_tokens * shape.n_seqs, -1) if g.hidden else None
+        T = shape.n_seq_tokens
+        for b, slot in enumerate(ub.slots):
+            self.kv.lengths[slot] = int(ub.pos0[b]) + T
+        self.last_python_ms = ((t1 - t0) + (time.perf_counter() - t2)) * 1000
+        return StepResult(logits, hidden)
+
+    def close(self) -> None:
+        self.graphs.clear()
