@@ -107,3 +107,15 @@ bool pyggspec_backend_set_n_threads(ggml_backend_t backend, int n_threads) {
     fn(backend, n_threads);
     return true;
 }
+
+/* Forget where the compute tensors of a graph context were placed, so that the
+ * scheduler allocates them afresh. ggml-alloc treats a tensor whose data is set as
+ * already allocated; a cached graph re-allocated after another graph ran would
+ * otherwise keep pointers into a compute buffer that may have been freed or reused. */
+void pyggspec_ctx_forget_alloc(struct ggml_context * ctx) {
+    for (struct ggml_tensor * t = ggml_get_first_tensor(ctx); t != NULL; t = ggml_get_next_tensor(ctx, t)) {
+        t->data = NULL;
+        t->buffer = NULL;
+        t->extra = NULL;
+    }
+}

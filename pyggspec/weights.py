@@ -18,20 +18,32 @@ loader's ``create_tensor`` (src/llama-model-loader.cpp):
   the first match wins. ``--cpu-moe`` appends ``\\.ffn_(up|down|gate|gate_up)_(ch|)exps`` → CPU
   (``LLM_FFN_EXPS_REGEX``, common/common.h), which also matches the MTP block's experts.
 
-The upload part (buffers, copies) will live next to this plan and is the only part that needs
-the binding.
+The upload part (:func:`load_weights` -> :class:`Weights`) turns a plan into ggml tensors in
+backend buffers; it is the only part of this module that needs the binding.
 """
 
 from __future__ import annotations
 
 import bisect
+import os
 import re
-from collections.abc import Mapping, Sequence
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pyggspec.errors import DeviceError, PyggspecError
-from pyggspec.modelfile import ModelFile
+from pyggspec.errors import DeviceError, ModelFileError, PyggspecError
+from pyggspec.modelfile import Model, ModelFile, TensorInfo
+
+if TYPE_CHECKING:
+    import numpy as np
+    from typing_extensions import Self
+
+    from pyggspec.ggml.buffer import Buffer
+    from pyggspec.ggml.context import Context
+    from pyggspec.ggml.device import Device
+    from pyggspec.ggml.tensor import Tensor
 
 CPU = "CPU"
 CPU_MOE_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
@@ -218,3 +230,358 @@ def sum_bytes(*placements: Placement) -> dict[str, int]:
         for d, b in p.bytes_by_device.items():
             out[d] = out.get(d, 0) + b
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Upload: the plan -> ggml tensors in backend buffers
+# ---------------------------------------------------------------------------------------------
+#
+# Names. Trunk tensors keep their GGUF names. A tied LM head is reachable as ``output.weight``
+# (an alias of ``token_embd.weight``, or a second copy on the output device when the plan puts
+# the output layer elsewhere: llama.cpp's TENSOR_DUPLICATED). A separate MTP file's ``blk.N.*``
+# tensors keep their names; its other tensors (``token_embd``, ``output_norm``, ``output``), which
+# share names with the trunk's, are kept as ``mtp:<name>`` (``mtp:output.weight`` is tied the
+# same way). :meth:`Weights.get_mtp` picks the MTP file's copy when there is one.
+
+MTP_PREFIX = "mtp:"
+TENSOR_ALIGNMENT = 32  # ggml-backend's TENSOR_ALIGNMENT: CPU tensor data must be this aligned
+PROGRESS_MIN_BYTES = 256 * 2**20
+_COPY_CHUNK = 64 * 2**20  # bytes per ggml_backend_tensor_set call (progress granularity)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One tensor to create: its key in :class:`Weights`, source file and bytes, device."""
+
+    key: str
+    file: ModelFile
+    info: TensorInfo
+    device: str
+
+
+class Weights:
+    """Model weights in ggml backend buffers, by GGUF name (see the naming notes above).
+
+    CPU tensors loaded with ``use_mmap`` point into the file's read-only mapping: never write
+    to a weight (``Tensor.set``, ``zero``, graph ops writing in place), it would fault. The
+    mapping stays alive as long as this object (until :meth:`close`).
+    """
+
+    def __init__(self) -> None:
+        self._tensors: dict[str, Tensor] = {}
+        self._devices: dict[str, Device] = {}
+        self._aliases: dict[str, str] = {}
+        self._mapped: set[str] = set()
+        self._plan_devices: set[str] = set()
+        self._views: list[np.ndarray] = []  # keep the file mappings exported (alive)
+        self._contexts: list[Context] = []
+        self.buffers: list[Buffer] = []
+        self._closed = False
+
+    # -- lookup ----------------------------------------------------------------------------
+    def _resolve(self, name: str) -> str:
+        if self._closed:
+            raise PyggspecError(None, f"weights are closed (asked for '{name}')")
+        return self._aliases.get(name, name)
+
+    def get(self, name: str) -> Tensor:
+        """The tensor ``name`` (GGUF name, ``output.weight`` also when tied, ``mtp:...``)."""
+        key = self._resolve(name)
+        t = self._tensors.get(key)
+        if t is None:
+            hint = ""
+            if name.startswith(MTP_PREFIX):
+                hint = " (no separate MTP file loaded, or it lacks this tensor)"
+            elif name.startswith("blk."):
+                hint = " (not in the file, or skipped by the placement)"
+            raise KeyError(f"pyggspec: no weight '{name}' loaded{hint}; "
+                           f"{len(self._tensors)} tensors are loaded")
+        return t
+
+    def get_mtp(self, name: str) -> Tensor:
+        """The MTP head's copy of a shared tensor: ``mtp:<name>`` if loaded, else ``name``."""
+        return self.get(MTP_PREFIX + name) if self.has(MTP_PREFIX + name) else self.get(name)
+
+    def has(self, name: str) -> bool:
+        return self._resolve(name) in self._tensors
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.has(name)
+
+    def names(self) -> list[str]:
+        """Keys of every uploaded tensor (aliases not included)."""
+        return list(self._tensors)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def device_of(self, name: str) -> Device:
+        self.get(name)
+        return self._devices[self._resolve(name)]
+
+    def is_mapped(self, name: str) -> bool:
+        """True if ``name`` lives in the file's (read-only) mapping rather than a copy."""
+        return self._resolve(name) in self._mapped
+
+    def bytes_by_device(self) -> dict[str, int]:
+        """Bytes of weights per device name (every planned device listed, even at 0)."""
+        out = {d: 0 for d in sorted(self._plan_devices)}
+        for key, t in self._tensors.items():
+            d = self._devices[key].name
+            out[d] = out.get(d, 0) + t.nbytes
+        return out
+
+    @property
+    def mapped_bytes(self) -> int:
+        return sum(self._tensors[k].nbytes for k in self._mapped)
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the buffers, then the contexts, then release the file mappings (idempotent)."""
+        for b in self.buffers:
+            b.close()
+        for c in self._contexts:
+            c.close()
+        self._tensors.clear()
+        self._aliases.clear()
+        self._mapped.clear()
+        self._views.clear()
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        by = ", ".join(f"{d} {b / 2**20:.1f} MiB" for d, b in self.bytes_by_device().items()) \
+            if not self._closed else "closed"
+        return f"Weights({len(self._tensors)} tensors; {by})"
+
+
+def _jobs_for(file: ModelFile, placement: Placement, prefix_shared: bool) -> tuple[
+        list[_Job], dict[str, str]]:
+    """Tensors of one file per ``placement``, plus aliases (the tied head on the same device).
+
+    With ``prefix_shared`` (a separate MTP file) non-block tensors get the ``mtp:`` prefix.
+    """
+    def key(name: str) -> str:
+        return MTP_PREFIX + name if prefix_shared and not name.startswith("blk.") else name
+
+    jobs: list[_Job] = []
+    for name, dev in placement.tensor_devices.items():
+        info = file.tensors.get(name)
+        if info is None:
+            raise PyggspecError(file.path, f"the placement names tensor '{name}', which this "
+                                "file lacks (was it planned for another file?)")
+        jobs.append(_Job(key(name), file, info, dev))
+    aliases: dict[str, str] = {}
+    emb = "token_embd.weight"
+    if file.tied_output and emb in placement.tensor_devices:
+        if placement.output_copy_device is not None:
+            jobs.append(_Job(key("output.weight"), file, file.tensors[emb],
+                             placement.output_copy_device))
+        else:
+            aliases[key("output.weight")] = key(emb)
+    return jobs, aliases
+
+
+def default_mtp_placement(model: Model, placement: Placement) -> Placement:
+    """Plan the MTP file like the trunk: same offload devices and ``-ngl``, no overrides.
+
+    Pass an explicit ``mtp_placement`` to :func:`load_weights` for overrides or a tensor split.
+    """
+    assert model.mtp_file is not None
+    offload = placement.offload_devices
+    return plan_placement(model.mtp_file, (CPU, *offload), n_gpu_layers=placement.n_gpu_layers,
+                          device=",".join(offload) if offload else "none")
+
+
+def _want_progress(progress: bool | None, total: int) -> bool:
+    if progress is not None:
+        return progress
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return tty and total > PROGRESS_MIN_BYTES
+
+
+class _Progress:
+    """``pyggspec: loading weights  123.4/456.7 MiB  27%  350.2 MB/s`` on stderr, in place."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.done = total, enabled and total > 0, 0
+        self.t0 = self.last = time.monotonic()
+        if self.enabled:
+            self._draw()
+
+    def _draw(self, end: str = "") -> None:
+        dt = max(time.monotonic() - self.t0, 1e-9)
+        pct = 100.0 * self.done / self.total
+        sys.stderr.write(f"\rpyggspec: loading weights {self.done / 2**20:9.1f}/"
+                         f"{self.total / 2**20:.1f} MiB {pct:3.0f}% "
+                         f"{self.done / dt / 1e6:8.1f} MB/s{end}")
+        sys.stderr.flush()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and now - self.last >= 0.1:
+            self.last = now
+            self._draw()
+
+    def finish(self) -> None:
+        if self.enabled:
+            self._draw("\n")
+            self.enabled = False
+
+
+def load_weights(model: Model, placement: Placement, mtp_placement: Placement | None = None, *,
+                 use_mmap: bool = True, progress: bool | None = None) -> Weights:
+    """Create every planned tensor on its device and fill it with the file's raw bytes.
+
+    ``placement`` is the trunk file's plan; ``mtp_placement`` the separate MTP file's (default:
+    :func:`default_mtp_placement`). One context + buffer (usage WEIGHTS) per device; with
+    ``use_mmap`` CPU tensors are not copied but point into the file mapping (llama.cpp's
+    default), where the file's alignment allows it. Non-CPU devices are checked for free memory
+    before anything is allocated. ``progress``: None = a bar on a TTY stderr above 256 MiB of
+    copies, True/False = force on/off.
+    """
+    from pyggspec.ggml.device import get_device
+
+    jobs, aliases = _jobs_for(model.trunk, placement, prefix_shared=False)
+    plan_devices = set(placement.bytes_by_device)
+    if model.mtp_file is not None:
+        mp = mtp_placement or default_mtp_placement(model, placement)
+        mjobs, maliases = _jobs_for(model.mtp_file, mp, prefix_shared=True)
+        clash = {j.key for j in jobs} & {j.key for j in mjobs}
+        if clash:
+            raise PyggspecError(model.mtp_file.path, f"the MTP file's {min(clash)} is also "
+                                "loaded from the trunk's grafted MTP block; plan the trunk with "
+                                "include_mtp=False when a separate MTP file is used")
+        jobs += mjobs
+        aliases.update(maliases)
+        plan_devices |= set(mp.bytes_by_device)
+    elif mtp_placement is not None:
+        raise PyggspecError(model.trunk.path, "mtp_placement given but the model has no "
+                            "separate MTP file")
+
+    devices: dict[str, Device] = {}
+    for name in sorted({j.device for j in jobs} | plan_devices):
+        devices[name] = get_device(name)
+
+    w = Weights()
+    w._plan_devices = plan_devices
+    try:
+        _upload(w, jobs, devices, use_mmap=use_mmap, progress=progress)
+    except BaseException:
+        w.close()
+        raise
+    w._aliases.update(aliases)
+    return w
+
+
+def _addr(view: np.ndarray) -> int:
+    return int(view.__array_interface__["data"][0])
+
+
+def _upload(w: Weights, jobs: list[_Job], devices: Mapping[str, Device], *, use_mmap: bool,
+            progress: bool | None) -> None:
+    """Build the contexts and buffers of ``w`` and fill them (see :func:`load_weights`)."""
+    from pyggspec.ggml import _lib
+    from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
+    from pyggspec.ggml.context import Context
+
+    # Group: ("copy", device) -> one allocated buffer; ("map", path) -> one buffer over the mmap.
+    groups: dict[tuple[str, str], list[tuple[_Job, np.ndarray | None]]] = {}
+    for j in jobs:
+        dev = devices[j.device]
+        view = None
+        if use_mmap and dev.is_cpu:
+            view = j.file.tensor_data(j.info.name)
+            if _addr(view) % TENSOR_ALIGNMENT:
+                view = None  # misaligned in the file (general.alignment < 32): copy it instead
+        gkey = ("map", os.fspath(j.file.path)) if view is not None else ("copy", j.device)
+        groups.setdefault(gkey, []).append((j, view))
+
+    # Free memory, checked for every device before anything is allocated.
+    for (kind, dname), members in groups.items():
+        dev = devices[dname] if kind == "copy" else None
+        if dev is None or dev.is_cpu:
+            continue  # CPU "free" is MemFree (ignores the page cache): not a useful limit
+        need = sum(_pad(j.info.nbytes, 256) for j, _ in members)
+        free, total = dev.memory()
+        if total and need > free:
+            raise DeviceError(dev.name, f"the weights placed here need {need / 2**20:.1f} MiB "
+                              f"but only {free / 2**20:.1f} MiB are free (offload fewer layers "
+                              "with -ngl, or move tensors with --override-tensor)")
+
+    lib, ffi = _lib.lib, _lib.ffi
+    cpu = next((d for d in devices.values() if d.is_cpu), None)
+    to_copy: list[tuple[_Job, Tensor]] = []
+    for (kind, where), members in groups.items():
+        ctx = Context(len(members))
+        w._contexts.append(ctx)
+        made: list[tuple[_Job, np.ndarray | None, Tensor]] = []
+        for j, view in members:
+            t = ctx.new_tensor(j.info.type.id, j.info.shape, j.key)
+            if t.nbytes != j.info.nbytes:
+                raise ModelFileError(j.file.path, f"tensor '{j.info.name}': ggml computes "
+                                     f"{t.nbytes} bytes for {j.info.type.name} {j.info.shape}, "
+                                     f"the file holds {j.info.nbytes}")
+            made.append((j, view, t))
+        if kind == "copy":
+            dev = devices[where]
+            buf = Buffer.for_context(ctx, dev, f"weights on {dev.name}", USAGE_WEIGHTS)
+            w.buffers.append(buf)
+            to_copy += [(j, t) for j, _, t in made]
+        else:
+            assert cpu is not None
+            dev = cpu
+            starts = [_addr(v) for _, v, _ in made if v is not None]
+            lo = min(starts) // TENSOR_ALIGNMENT * TENSOR_ALIGNMENT  # stays inside the mapping
+            hi = max(s + j.info.nbytes for s, (j, _, _) in zip(starts, made, strict=True))
+            biggest = max(j.info.nbytes for j, _, _ in made)
+            ptr = lib.ggml_backend_dev_buffer_from_host_ptr(cpu.ptr, ffi.cast("void *", lo),
+                                                           hi - lo, biggest)
+            if ptr == ffi.NULL:
+                raise DeviceError(cpu.name, f"could not wrap the mapping of {where} in a buffer")
+            buf = Buffer(ptr, cpu, f"weights mapped from {os.path.basename(where)}")
+            w.buffers.append(buf)
+            lib.ggml_backend_buffer_set_usage(ptr, USAGE_WEIGHTS)
+            for (j, view, t), start in zip(made, starts, strict=True):
+                st = lib.ggml_backend_tensor_alloc(ptr, t.ptr, ffi.cast("void *", start))
+                if st != lib.GGML_STATUS_SUCCESS:
+                    raise DeviceError(cpu.name, f"could not place '{j.key}' in the mapping "
+                                      f"(ggml status {int(st)})")
+                assert view is not None
+                w._views.append(view)
+                w._mapped.add(j.key)
+        for j, _, t in made:
+            w._tensors[j.key] = t
+            w._devices[j.key] = dev
+
+    total = sum(j.info.nbytes for j, _ in to_copy)
+    bar = _Progress(total, _want_progress(progress, total))
+    try:
+        for j, t in to_copy:
+            data = memoryview(j.file.tensor_data(j.info.name))
+            for off in range(0, j.info.nbytes, _COPY_CHUNK):
+                chunk = data[off:off + _COPY_CHUNK]
+                t.set(chunk, off)
+                bar.update(len(chunk))
+    finally:
+        bar.finish()
+
+
+def _pad(x: int, align: int) -> int:
+    return (x + align - 1) // align * align

@@ -211,7 +211,7 @@ def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
         kv = _kv_view(b, k_written, hd, n_head_kv, inp, slot, count)
         vv = _kv_view(b, v_written, hd, n_head_kv, inp, slot, count)
         m = inp.mask if count == B else ctx.view(
-            inp.mask, (inp.n_kv, T, 1, 1), (inp.mask.nb[1], inp.mask.nb[2]),
+            inp.mask, (inp.n_kv, T, 1, 1), (inp.mask.nb[1], inp.mask.nb[2], inp.mask.nb[3]),
             first * inp.mask.nb[3])
         o = ctx.flash_attn_ext(qv, kv, vv, m, scale, f32_acc=True)
         outs.append(o)  # [hd, H, T, count]
