@@ -99,6 +99,9 @@ def native() -> ModuleType:
         # ggml logs at WARN and above go to stderr; everything is counted.
         mod.lib.pyggspec_log_set_min_level(3)
         _module = mod
+        # plain module attributes from now on: no __getattr__ call on the hot path
+        globals()["ffi"] = mod.ffi
+        globals()["lib"] = mod.lib
     return _module
 
 

@@ -162,3 +162,36 @@ class Tensor:
         out = bytearray(size)
         _lib.lib.ggml_backend_tensor_get(self.ptr, _lib.ffi.from_buffer(out), offset, size)
         return out
+
+
+class HostBinding:
+    """A tensor paired with a fixed host array, so a step's copy is one C call.
+
+    Built once per graph for its inputs and outputs (after checking dtype and size);
+    ``push`` writes the array into the tensor, ``pull`` reads the tensor into the array.
+    Valid while the tensor's context lives and after the graph was allocated.
+    """
+
+    __slots__ = ("tensor", "array", "_buf", "_ptr", "_n")
+
+    def __init__(self, tensor: Tensor, array: np.ndarray) -> None:
+        want = numpy_dtype(tensor.type)
+        if want is not None and array.dtype != want:
+            raise TypeError(f"tensor {tensor.name!r} is {tensor.type.name}, array is {array.dtype}")
+        if not array.flags.c_contiguous:
+            raise ValueError("host array must be C-contiguous")
+        if array.nbytes != tensor.nbytes or not tensor.is_contiguous:
+            raise ValueError(f"array of {array.nbytes} bytes for tensor {tensor!r} "
+                             f"({tensor.nbytes} bytes)")
+        self.tensor = tensor
+        self.array = array
+        self._buf = _lib.ffi.from_buffer(array)
+        self._ptr = tensor.ptr
+        self._n = array.nbytes
+
+    def push(self) -> None:
+        _lib.lib.ggml_backend_tensor_set(self._ptr, self._buf, 0, self._n)
+
+    def pull(self) -> np.ndarray:
+        _lib.lib.ggml_backend_tensor_get(self._ptr, self._buf, 0, self._n)
+        return self.array

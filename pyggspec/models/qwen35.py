@@ -14,7 +14,7 @@ import numpy as np
 
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.sched import Graph, GraphCache, Scheduler
-from pyggspec.ggml.tensor import Tensor
+from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.models import layers
 from pyggspec.models.layers import AttnInputs, Builder, RecurrentInputs
@@ -112,25 +112,56 @@ class TargetGraph:
         except BaseException:
             ctx.close()
             raise
-        # host-side input buffers, reused every step
+        # host arrays bound to the graph's inputs/outputs: one C call each per step
+        self._bound = False
+        self._tokens = np.zeros(n_tok, dtype=np.int32)
         self._pos = np.zeros((4, n_tok), dtype=np.int32)
         self._mask = np.zeros((B, 1, T, shape.n_kv), dtype=np.float16)
+        self._kv_idx = np.zeros(n_tok, dtype=np.int64)
+        self._slots = np.zeros(B, dtype=np.int32)
+        self._out_ids = np.zeros(shape.n_outputs, dtype=np.int32)
+        self._logits = np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
+        self._hidden = (np.zeros((n_tok, h.ne[0]), dtype=np.float32) if shape.hidden else None)
         self._cells = np.arange(shape.n_kv, dtype=np.int64)
+        self._visible = np.zeros((B, T, shape.n_kv), dtype=bool)
+        self._neg_inf = np.float16(-np.inf)
+
+    def _bind(self) -> None:
+        """Pair tensors with host arrays; needs the graph allocated (done on first use)."""
+        ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.pos, self._pos),
+               HostBinding(self.mask, self._mask), HostBinding(self.kv_idx, self._kv_idx),
+               HostBinding(self.slot_ids, self._slots)]
+        if self.out_ids is not None:
+            ins.append(HostBinding(self.out_ids, self._out_ids))
+        self._inputs = ins
+        self._logits_out = HostBinding(self.logits, self._logits)
+        self._hidden_out = HostBinding(self.hidden, self._hidden) if self.hidden else None
+        self._bound = True
 
     def set_inputs(self, ub: UBatch, n_ctx: int) -> None:
+        if not self._bound:
+            self._bind()
         T, B = self.shape.n_seq_tokens, self.shape.n_seqs
-        self.tokens.set(np.ascontiguousarray(ub.tokens, dtype=np.int32).reshape(-1))
-        pos = (ub.pos0[:, None] + np.arange(T)[None, :]).reshape(-1)  # [B*T]
-        self._pos[:3] = pos
-        self.pos.set(self._pos)
-        visible = self._cells[None, None, :] <= pos.reshape(B, T)[:, :, None]
-        self._mask[:, 0] = np.where(visible, 0.0, -np.inf).astype(np.float16)
-        self.mask.set(self._mask)
+        self._tokens[:] = ub.tokens.reshape(-1)
+        pos = (ub.pos0[:, None] + np.arange(T)[None, :])  # [B, T]
+        self._pos[:3] = pos.reshape(-1)
+        np.less_equal(self._cells[None, None, :], pos[:, :, None], out=self._visible)
+        m = self._mask[:, 0]
+        m.fill(self._neg_inf)
+        m[self._visible] = 0
         slots = np.asarray(ub.slots, dtype=np.int64)
-        self.kv_idx.set((slots[:, None] * n_ctx + pos.reshape(B, T)).reshape(-1))
-        self.slot_ids.set(slots.astype(np.int32))
+        self._kv_idx[:] = (slots[:, None] * n_ctx + pos).reshape(-1)
+        self._slots[:] = slots
         if self.out_ids is not None:
-            self.out_ids.set(np.ascontiguousarray(ub.outputs, dtype=np.int32))
+            self._out_ids[:] = ub.outputs
+        for b in self._inputs:
+            b.push()
+
+    def read_outputs(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """Logits [n_out, n_vocab] and hidden rows; these arrays are reused by the next step."""
+        logits = self._logits_out.pull()
+        hidden = self._hidden_out.pull() if self._hidden_out is not None else None
+        return logits, hidden
 
     def close(self) -> None:
         self.ctx.close()
@@ -155,7 +186,8 @@ class Target:
         return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), tuple(ub.slots),
                            len(ub.outputs), ub.hidden)
 
-    def run(self, ub: UBatch) -> StepResult:
+    def run(self, ub: UBatch, copy: bool = True) -> StepResult:
+        """Evaluate one ubatch. ``copy=False`` returns arrays the next step overwrites."""
         t0 = time.perf_counter()
         shape = self.shape_of(ub)
         g = self.graphs.get(shape, lambda s: TargetGraph(self.hp, self.weights, self.kv,
@@ -165,8 +197,10 @@ class Target:
         t1 = time.perf_counter()
         self.sched.compute(g.graph)
         t2 = time.perf_counter()
-        logits = g.logits.get().reshape(shape.n_outputs, -1)
-        hidden = g.hidden.get().reshape(shape.n_seq_tokens * shape.n_seqs, -1) if g.hidden else None
+        logits, hidden = g.read_outputs()
+        if copy:
+            logits = logits.copy()
+            hidden = hidden.copy() if hidden is not None else None
         T = shape.n_seq_tokens
         for b, slot in enumerate(ub.slots):
             self.kv.lengths[slot] = int(ub.pos0[b]) + T
