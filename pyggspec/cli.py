@@ -439,3 +439,7 @@ def devices(as_json: bool) -> None:
     click.echo("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     for r in rows:
         click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+# ---------------------------------------------------------------------------- run
+from pyggspec import cli_run as _cli_run  # noqa: E402,F401  (registers `run` on `main`)

@@ -46,13 +46,26 @@ class Timings:
         }
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One generated token and the text it completes (``token == -1``: trailing text)."""
+
+    token: int
+    text: str
+
+
 @dataclass
 class GenerationResult:
     text: str
     tokens: list[int]
     n_prompt: int
-    stop_reason: str  # "eos" | "length"
+    stop_reason: str  # "eos" | "length" | "context"
     timings: Timings
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "tokens": self.tokens, "n_prompt": self.n_prompt,
+                "n_gen": len(self.tokens), "stop_reason": self.stop_reason,
+                "timings": self.timings.to_dict()}
 
 
 class Engine:
@@ -114,6 +127,7 @@ class Engine:
             self.sched = Scheduler(self.backends)
             self._closers.append(self.sched)
             self.target = Target(hp, self.weights, self.kv, self.rs, self.sched)
+            self._step_ub: dict[int, UBatch] = {}
             self._closers.append(self.target)
             self.tokenizer = None
             if load_tokenizer:
@@ -226,40 +240,80 @@ class Engine:
                               np.concatenate(out_hidden[s]) if hidden else None)
                 for s in pending}
 
+    def step(self, seq_id: int, token: int) -> np.ndarray:
+        """Decode one token for one sequence; the logits row is overwritten by the next step.
+
+        The fast path of generation: no per-call allocation beyond the UBatch view.
+        """
+        n = int(self.kv.lengths[seq_id])
+        if n + 1 > self.n_ctx:
+            raise PyggspecError(None, f"sequence {seq_id}: context full ({self.n_ctx} tokens)")
+        ub = self._step_ub.get(seq_id)
+        if ub is None:
+            ub = UBatch(np.zeros((1, 1), np.int32), np.zeros(1, np.int64), (seq_id,),
+                        np.zeros(1, np.int32))
+            self._step_ub[seq_id] = ub
+        ub.tokens[0, 0] = token
+        ub.pos0[0] = n
+        return self.target.run(ub, copy=False).logits[0]
+
     def eval(self, tokens: Sequence[int], seq_id: int = 0) -> np.ndarray:
         """Append ``tokens`` to ``seq_id``; logits of every position, [n_tokens, n_vocab]."""
         return self.decode({seq_id: tokens}, logits="all")[seq_id].logits
 
     # --- generation -----------------------------------------------------------------------
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, seq_id: int = 0,
-                 ignore_eos: bool = False) -> Iterator[int]:
-        """Greedy generation: yields token ids; ``self.last_result`` holds the stats."""
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, seq_id: int = 0,
+               ignore_eos: bool = False) -> Iterator[Piece]:
+        """Greedy generation, one :class:`Piece` (token id + text) at a time.
+
+        The sequence is cleared first. When the iterator ends, ``self.last_result`` holds
+        the :class:`GenerationResult` with llama.cpp-style timings.
+        """
+        self._check_seq(seq_id)
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise PyggspecError(None, "empty prompt")
+        if len(ids) >= self.n_ctx:
+            raise PyggspecError(None, f"prompt of {len(ids)} tokens does not fit the context "
+                                f"({self.n_ctx}); raise -c")
         timings = Timings()
         self.clear(seq_id)
+        detok = self.tokenizer.detokenizer() if self.tokenizer is not None else None
         t0 = time.perf_counter()
         logits = self.decode({seq_id: ids})[seq_id].logits[-1]
         timings.prompt_n, timings.prompt_ms = len(ids), (time.perf_counter() - t0) * 1000
         out: list[int] = []
         stop = "length"
         t0 = time.perf_counter()
-        for _ in range(max_tokens):
+        while len(out) < max_tokens:
             tok = int(np.argmax(logits))
             if not ignore_eos and self.tokenizer is not None and self.tokenizer.is_eog(tok):
                 stop = "eos"
                 break
             out.append(tok)
-            yield tok
-            if len(out) == max_tokens or self.seq_len(seq_id) + 1 > self.n_ctx:
+            yield Piece(tok, detok.add(tok) if detok is not None else "")
+            if len(out) == max_tokens:
                 break
-            logits = self.decode({seq_id: [tok]})[seq_id].logits[-1]
+            if self.seq_len(seq_id) + 1 > self.n_ctx:
+                stop = "context"
+                break
+            logits = self.step(seq_id, tok)
             timings.python_ms.append(self.target.last_python_ms)
+        if detok is not None:
+            tail = detok.flush()
+            if tail:
+                yield Piece(-1, tail)
         timings.predicted_n = len(out)
         timings.predicted_ms = (time.perf_counter() - t0) * 1000
         text = self.detokenize(out) if self.tokenizer is not None else ""
         self.last_result = GenerationResult(text, out, len(ids), stop, timings)
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, seq_id: int = 0,
+                 ignore_eos: bool = False) -> GenerationResult:
+        """Run :meth:`stream` to the end and return the result (text, tokens, timings)."""
+        for _ in self.stream(prompt, max_tokens, seq_id, ignore_eos):
+            pass
+        return self.last_result
 
     def memory(self) -> dict:
         """Bytes per component and device, as allocated."""
