@@ -251,10 +251,12 @@ class Engine:
         ub = self._step_ub.get(seq_id)
         if ub is None:
             ub = UBatch(np.zeros((1, 1), np.int32), np.zeros(1, np.int64), (seq_id,),
-                        np.zeros(1, np.int32))
+                        np.zeros(1, np.int32), state_src=np.zeros(1, np.int32),
+                        state_dst=np.zeros((1, 1), np.int32))
             self._step_ub[seq_id] = ub
         ub.tokens[0, 0] = token
         ub.pos0[0] = n
+        ub.state_src[0] = ub.state_dst[0, 0] = self.rs.row(seq_id)
         return self.target.run(ub, copy=False).logits[0]
 
     def eval(self, tokens: Sequence[int], seq_id: int = 0) -> np.ndarray:

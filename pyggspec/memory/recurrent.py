@@ -1,13 +1,24 @@
 """Gated-delta-net state per sequence slot: the conv window and the SSM matrix (f32).
 
-Each GDN layer has ``conv [n_embd_r, n_slots]`` and ``ssm [n_embd_s, n_slots]``; a graph
-gathers the rows of its ubatch's slots with ``get_rows`` and writes the new states back
-with ``set_rows``, so graphs do not depend on which slots a batch uses.
+Each GDN layer has ``conv [n_embd_r, n_slots * n_planes]`` and
+``ssm [n_embd_s, n_slots * n_planes]``. Every slot owns ``n_planes`` rows; one of them,
+``current[slot]``, is the sequence's state. A graph gathers the current rows of its
+ubatch with ``get_rows`` and writes new states with ``set_rows`` into rows the engine
+chooses, so graphs do not depend on which slots or planes a batch uses.
+
+Planes are what makes speculative rollback cheap: a verify step writes the state after
+each of its tokens into the slot's other planes (``gated_delta_net`` keeps those
+snapshots), and rolling back to "after n accepted tokens" is choosing which plane is
+current -- no copy and no re-evaluation. With two planes the same mechanism gives a
+free checkpoint: the verify step writes its final state to the spare plane and the old
+state stays intact until the step is accepted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from pyggspec.ggml.device import Device
 from pyggspec.ggml.tensor import Tensor
@@ -16,7 +27,7 @@ from pyggspec.memory._alloc import LayerTensors
 
 @dataclass(frozen=True)
 class SlotSnapshot:
-    """A host copy of one slot's recurrent state (every GDN layer), for checkpoints."""
+    """A host copy of one slot's current recurrent state (every GDN layer)."""
 
     slot: int
     data: dict[tuple[str, int], bytes]
@@ -24,15 +35,19 @@ class SlotSnapshot:
 
 class RecurrentState:
     def __init__(self, layer_devices: dict[int, Device], n_embd_r: int, n_embd_s: int,
-                 n_slots: int, label: str = "recurrent") -> None:
+                 n_slots: int, n_planes: int = 1, label: str = "recurrent") -> None:
+        if n_planes < 1:
+            raise ValueError("n_planes must be >= 1")
         self.n_embd_r = n_embd_r
         self.n_embd_s = n_embd_s
         self.n_slots = n_slots
+        self.n_planes = n_planes
         self.layers = sorted(layer_devices)
+        self.current = np.zeros(n_slots, dtype=np.int64)
 
         def make(ctx, kind, il):
             n = n_embd_r if kind == "conv" else n_embd_s
-            return ctx.new_tensor("f32", (n, n_slots), f"cache_{kind}_l{il}")
+            return ctx.new_tensor("f32", (n, n_slots * n_planes), f"cache_{kind}_l{il}")
 
         self._mem = LayerTensors(label, layer_devices, ["conv", "ssm"], make)
 
@@ -50,26 +65,47 @@ class RecurrentState:
         return sum(self.bytes_by_device().values())
 
     def bytes_per_seq(self) -> int:
+        """State bytes of one sequence, all planes included."""
         return self.nbytes // max(1, self.n_slots)
 
-    def _rows(self):
+    # --- row bookkeeping ---------------------------------------------------------------
+    def row(self, slot: int, plane: int | None = None) -> int:
+        """Row index of ``slot``'s ``plane`` (default: its current plane)."""
+        p = int(self.current[slot]) if plane is None else plane
+        return slot * self.n_planes + p
+
+    def spare_planes(self, slot: int) -> list[int]:
+        """The planes of ``slot`` that do not hold its current state."""
+        cur = int(self.current[slot])
+        return [p for p in range(self.n_planes) if p != cur]
+
+    def set_current(self, slot: int, plane: int) -> None:
+        if not 0 <= plane < self.n_planes:
+            raise ValueError(f"plane {plane} outside 0..{self.n_planes - 1}")
+        self.current[slot] = plane
+
+    # --- sequence operations ------------------------------------------------------------
+    def _rows(self, slot: int):
+        r = self.row(slot)
         for il in self.layers:
             for kind, t in (("conv", self.conv(il)), ("ssm", self.ssm(il))):
-                yield kind, il, t, t.nb[1]
+                yield kind, il, t, t.nb[1], r
 
     def clear(self, slot: int) -> None:
-        """A fresh sequence starts from zero state."""
-        for _, _, t, row in self._rows():
-            t.zero(slot * row, row)
+        """A fresh sequence starts from zero state (in plane 0)."""
+        self.current[slot] = 0
+        for _, _, t, nb, r in self._rows(slot):
+            t.zero(r * nb, nb)
 
     def snapshot(self, slot: int) -> SlotSnapshot:
-        return SlotSnapshot(slot, {(k, il): bytes(t.read_bytes(slot * row, row))
-                                   for k, il, t, row in self._rows()})
+        """Host copy of the current state of ``slot`` (for save/restore across requests)."""
+        return SlotSnapshot(slot, {(k, il): bytes(t.read_bytes(r * nb, nb))
+                                   for k, il, t, nb, r in self._rows(slot)})
 
     def restore(self, snap: SlotSnapshot, slot: int | None = None) -> None:
         slot = snap.slot if slot is None else slot
-        for k, il, t, row in self._rows():
-            t.set(snap.data[(k, il)], slot * row)
+        for k, il, t, nb, r in self._rows(slot):
+            t.set(snap.data[(k, il)], r * nb)
 
     def copy(self, src: int, dst: int) -> None:
         self.restore(self.snapshot(src), dst)

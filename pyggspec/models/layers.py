@@ -227,7 +227,17 @@ def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
 # --- gated delta net --------------------------------------------------------------------
 @dataclass
 class RecurrentInputs:
-    slot_ids: Tensor  # I32 [B]: state rows of the ubatch's sequences
+    """Which state rows a ubatch reads and where its new states go.
+
+    ``src_rows`` [B]: each sequence's current row. ``dst_rows`` [n_write * B], j-major:
+    row ``dst_rows[j * B + b]`` receives sequence b's state after token ``T - 1 - j`` of
+    this ubatch. ``n_write`` is 1 (final state only) or T (a snapshot after every token,
+    for speculative rollback).
+    """
+
+    src_rows: Tensor
+    dst_rows: Tensor
+    n_write: int
 
 
 def gated_delta_net(b: Builder, x: Tensor, il: int, inp: RecurrentInputs, conv_states: Tensor,
@@ -250,15 +260,17 @@ def gated_delta_net(b: Builder, x: Tensor, il: int, inp: RecurrentInputs, conv_s
     g = ctx.reshape(g, (1, Hv, T, B))
 
     # conv window: previous d_conv-1 inputs per channel, then this ubatch's inputs
-    conv_prev = ctx.reshape(ctx.get_rows(conv_states, inp.slot_ids), (d_conv - 1, conv_ch, B))
+    conv_prev = ctx.reshape(ctx.get_rows(conv_states, inp.src_rows), (d_conv - 1, conv_ch, B))
     b.cb(conv_prev, "conv_states_reshaped", il)
     conv_in = b.cb(ctx.concat(conv_prev, ctx.transpose(qkv), 0), "conv_input", il)
-    last = ctx.view(conv_in, (d_conv - 1, conv_ch, B), (conv_in.nb[1], conv_in.nb[2]),
-                    T * conv_in.nb[0])
-    last = ctx.cont(last, ((d_conv - 1) * conv_ch, B))
-    b.graph.expand(ctx.set_rows(conv_states, last, inp.slot_ids))
+    for j in range(inp.n_write):  # window after token T-1-j: columns T-j .. T-j+d_conv-2
+        win = ctx.view(conv_in, (d_conv - 1, conv_ch, B), (conv_in.nb[1], conv_in.nb[2]),
+                       (T - j) * conv_in.nb[0])
+        win = ctx.cont(win, ((d_conv - 1) * conv_ch, B))
+        ids = inp.dst_rows if inp.n_write == 1 else ctx.view(inp.dst_rows, (B,), (), j * B * 4)
+        b.graph.expand(ctx.set_rows(conv_states, win, ids))
 
-    state = ctx.reshape(ctx.get_rows(ssm_states, inp.slot_ids), (head_v, head_v, Hv, B))
+    state = ctx.reshape(ctx.get_rows(ssm_states, inp.src_rows), (head_v, head_v, Hv, B))
     b.cb(state, "state_predelta", il)
     conv_out = b.cb(ctx.silu(ctx.ssm_conv(conv_in, b.w("ssm_conv1d.weight", il))),
                     "conv_output_silu", il)
@@ -270,12 +282,13 @@ def gated_delta_net(b: Builder, x: Tensor, il: int, inp: RecurrentInputs, conv_s
     q = b.cb(l2_norm(b, q), "q_conv_predelta", il)
     k = b.cb(l2_norm(b, k), "k_conv_predelta", il)
 
-    out = ctx.gated_delta_net(q, k, v, g, beta, state, 1)
+    out = ctx.gated_delta_net(q, k, v, g, beta, state, inp.n_write)
     n_out = head_v * Hv * T * B
     o = b.cb(ctx.view(out, (head_v, Hv, T, B), (head_v * f, head_v * Hv * f, head_v * Hv * T * f),
                       0), "attn_output", il)
-    new_state = ctx.view(out, (head_v * head_v * Hv, B), (head_v * head_v * Hv * f,), n_out * f)
-    b.graph.expand(ctx.set_rows(ssm_states, new_state, inp.slot_ids))
+    D = head_v * head_v * Hv  # snapshots follow the outputs, most recent first, B per slot
+    new_states = ctx.view(out, (D, B * inp.n_write), (D * f,), n_out * f)
+    b.graph.expand(ctx.set_rows(ssm_states, new_states, inp.dst_rows))
 
     z4 = ctx.reshape(z, (head_v, Hv, T, B))
     o = ctx.mul(rms_norm(b, o, b.w("ssm_norm.weight", il)), ctx.silu(z4))

@@ -34,6 +34,7 @@ class UBatchShape:
     slots: tuple[int, ...]
     n_outputs: int  # rows of logits wanted (== n_tokens means all)
     hidden: bool  # also read back h_nextn for every token
+    n_write: int = 1  # recurrent states written per sequence: 1 (final) or T (snapshots)
 
 
 @dataclass
@@ -45,6 +46,8 @@ class UBatch:
     slots: tuple[int, ...]
     outputs: np.ndarray  # int32 [n_out]: flat indices (b*T + t) that need logits
     hidden: bool = False
+    state_src: np.ndarray | None = None  # int32 [B]: recurrent rows to read
+    state_dst: np.ndarray | None = None  # int32 [n_write, B]: rows for the new states
 
 
 @dataclass
@@ -74,10 +77,11 @@ class TargetGraph:
             self.pos = ctx.input("i32", (4 * n_tok,), "inp_pos")
             self.mask = ctx.input("f16", (shape.n_kv, T, 1, B), "kq_mask")
             self.kv_idx = ctx.input("i64", (n_tok,), "kv_idx")
-            self.slot_ids = ctx.input("i32", (B,), "rs_slots")
+            self.src_rows = ctx.input("i32", (B,), "rs_src")
+            self.dst_rows = ctx.input("i32", (B * shape.n_write,), "rs_dst")
             attn_in = AttnInputs(self.pos, self.mask, self.kv_idx, shape.n_kv, shape.slots,
                                  kv.n_ctx)
-            rec_in = RecurrentInputs(self.slot_ids)
+            rec_in = RecurrentInputs(self.src_rows, self.dst_rows, shape.n_write)
 
             x = b.cb(ctx.get_rows(weights.get("token_embd.weight"), self.tokens),
                      "model.input_embed")
@@ -118,7 +122,8 @@ class TargetGraph:
         self._pos = np.zeros((4, n_tok), dtype=np.int32)
         self._mask = np.zeros((B, 1, T, shape.n_kv), dtype=np.float16)
         self._kv_idx = np.zeros(n_tok, dtype=np.int64)
-        self._slots = np.zeros(B, dtype=np.int32)
+        self._src = np.zeros(B, dtype=np.int32)
+        self._dst = np.zeros((shape.n_write, B), dtype=np.int32)
         self._out_ids = np.zeros(shape.n_outputs, dtype=np.int32)
         self._logits = np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
         self._hidden = (np.zeros((n_tok, h.ne[0]), dtype=np.float32) if shape.hidden else None)
@@ -130,7 +135,7 @@ class TargetGraph:
         """Pair tensors with host arrays; needs the graph allocated (done on first use)."""
         ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.pos, self._pos),
                HostBinding(self.mask, self._mask), HostBinding(self.kv_idx, self._kv_idx),
-               HostBinding(self.slot_ids, self._slots)]
+               HostBinding(self.src_rows, self._src), HostBinding(self.dst_rows, self._dst)]
         if self.out_ids is not None:
             ins.append(HostBinding(self.out_ids, self._out_ids))
         self._inputs = ins
@@ -151,7 +156,8 @@ class TargetGraph:
         m[self._visible] = 0
         slots = np.asarray(ub.slots, dtype=np.int64)
         self._kv_idx[:] = (slots[:, None] * n_ctx + pos).reshape(-1)
-        self._slots[:] = slots
+        self._src[:] = ub.state_src
+        self._dst[:] = ub.state_dst
         if self.out_ids is not None:
             self._out_ids[:] = ub.outputs
         for b in self._inputs:
@@ -183,12 +189,21 @@ class Target:
     def shape_of(self, ub: UBatch) -> UBatchShape:
         B, T = ub.tokens.shape
         end = int((ub.pos0 + T).max())
+        n_write = 1 if ub.state_dst is None else ub.state_dst.shape[0]
         return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), tuple(ub.slots),
-                           len(ub.outputs), ub.hidden)
+                           len(ub.outputs), ub.hidden, n_write)
 
     def run(self, ub: UBatch, copy: bool = True) -> StepResult:
-        """Evaluate one ubatch. ``copy=False`` returns arrays the next step overwrites."""
+        """Evaluate one ubatch. ``copy=False`` returns arrays the next step overwrites.
+
+        Without explicit ``state_src/state_dst`` each sequence reads and overwrites its
+        current recurrent row.
+        """
         t0 = time.perf_counter()
+        if ub.state_src is None:
+            rows = np.array([self.rs.row(s) for s in ub.slots], dtype=np.int32)
+            ub.state_src = rows
+            ub.state_dst = rows[None, :]
         shape = self.shape_of(ub)
         g = self.graphs.get(shape, lambda s: TargetGraph(self.hp, self.weights, self.kv,
                                                          self.rs, s))
