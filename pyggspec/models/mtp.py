@@ -1,0 +1,257 @@
+"""The MTP (multi-token prediction) head graph of Qwen3.5 / Qwen3.6, and its runner.
+
+Row k of a batch is the pair (token x_q, hidden h_{q-1}) at position q: ``h`` is the
+target's post-``output_norm`` hidden of the previous position (or, while drafting, the
+head's own post-norm hidden from the previous draft step). The head predicts x_{q+1}.
+
+    e = enorm(embed(x)),  g = hnorm(h),  x = eh_proj([e; g])
+    x = x + gated_attention(x)        (the head's own KV cache)
+    x = x + ffn(x)                    (dense SwiGLU, or MoE + shared expert for qwen35moe)
+    h' = shared_head_norm(x)          (fallback output_norm)  -> next draft step's h
+    logits = head(h')                 (shared_head_head, fallback the LM head)
+
+Only the rows that draft need logits; for those the graph also takes the argmax and the
+probability of that token under a softmax over the **full** vocabulary, so only ids,
+probabilities and hidden rows come back to the host.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pyggspec.ggml.context import Context
+from pyggspec.ggml.sched import Graph, GraphCache, Scheduler
+from pyggspec.ggml.tensor import HostBinding, Tensor
+from pyggspec.memory import KVCache
+from pyggspec.models import layers
+from pyggspec.models.layers import AttnInputs, Builder
+from pyggspec.models.qwen35 import kv_window
+from pyggspec.modelfile import HParams
+
+GRAPH_SIZE = 2048
+
+
+@dataclass(frozen=True)
+class MtpShape:
+    n_seq_tokens: int
+    n_seqs: int
+    n_kv: int
+    slots: tuple[int, ...]
+    n_outputs: int
+    device_argmax: bool  # argmax + top probability in the graph (else full logits come back)
+
+
+@dataclass
+class MtpBatch:
+    """B sequences x T rows: token ids, the paired hidden rows, positions, output rows."""
+
+    tokens: np.ndarray  # int32 [B, T]
+    hidden: np.ndarray  # float32 [B, T, n_embd]
+    pos0: np.ndarray  # int64 [B]
+    slots: tuple[int, ...]
+    outputs: np.ndarray  # int32 [n_out]: flat rows (b*T + t) that draft
+
+
+@dataclass
+class MtpResult:
+    ids: np.ndarray  # int32 [n_out]: argmax token of each output row
+    probs: np.ndarray  # float32 [n_out]: its probability (softmax over the full vocabulary)
+    hidden: np.ndarray  # float32 [n_out, n_embd]: the head's post-norm hidden of those rows
+    logits: np.ndarray | None = None  # float32 [n_out, n_vocab], host-argmax path only
+
+
+class MtpWeights:
+    """Name resolution for the head's tensors, with llama.cpp's fallbacks.
+
+    Takes trunk-style names (``blk.N.attn_q.weight``, ``output_norm.weight``). A separate
+    MTP file's copies of shared tensors are stored as ``mtp:<name>`` and win when present
+    (llama.cpp runs a sidecar head on the sidecar's own embedding and LM head).
+    """
+
+    PREFIX = "mtp:"
+
+    def __init__(self, weights, block: int) -> None:
+        self.weights = weights
+        self.block = block
+
+    def has(self, name: str) -> bool:
+        return self.weights.has(self.PREFIX + name) or self.weights.has(name)
+
+    def get(self, name: str) -> Tensor:
+        if self.weights.has(self.PREFIX + name):
+            return self.weights.get(self.PREFIX + name)
+        return self.weights.get(name)
+
+    def first(self, *names: str) -> Tensor:
+        for n in names:
+            if self.has(n):
+                return self.get(n)
+        raise KeyError(f"none of {names} is loaded")
+
+    @property
+    def embed(self) -> Tensor:
+        return self.first(f"blk.{self.block}.nextn.embed_tokens.weight", "token_embd.weight")
+
+    @property
+    def head_norm(self) -> Tensor:
+        return self.first(f"blk.{self.block}.nextn.shared_head_norm.weight", "output_norm.weight")
+
+    @property
+    def head(self) -> Tensor:
+        return self.first(f"blk.{self.block}.nextn.shared_head_head.weight", "output.weight",
+                          "token_embd.weight")
+
+
+class MtpGraph:
+    def __init__(self, hp: HParams, w: MtpWeights, kv: KVCache, shape: MtpShape) -> None:
+        T, B = shape.n_seq_tokens, shape.n_seqs
+        n, il, n_embd = T * B, w.block, hp.n_embd
+        self.shape = shape
+        self.ctx = ctx = Context(GRAPH_SIZE * 2, graph_size=GRAPH_SIZE)
+        try:
+            self.graph = graph = Graph(ctx, [], GRAPH_SIZE)
+            self.names: dict[str, Tensor] = {}
+            b = Builder(ctx, graph, hp, w.get, w.has, T, B, self.names)
+            self.tokens = ctx.input("i32", (n,), "mtp_tokens")
+            self.h = ctx.input("f32", (n_embd, n), "mtp_h_input")
+            self.pos = ctx.input("i32", (4 * n,), "mtp_pos")
+            self.mask = ctx.input("f16", (shape.n_kv, T, 1, B), "mtp_kq_mask")
+            self.kv_idx = ctx.input("i64", (n,), "mtp_kv_idx")
+            self.out_ids = ctx.input("i32", (shape.n_outputs,), "mtp_out_ids")
+            attn_in = AttnInputs(self.pos, self.mask, self.kv_idx, shape.n_kv, shape.slots,
+                                 kv.n_ctx)
+            e = b.cb(ctx.get_rows(w.embed, self.tokens), "mtp_tok_embd", il)
+            hn = b.cb(layers.rms_norm(b, self.h, b.w("nextn.hnorm.weight", il)), "mtp_hnorm", il)
+            en = b.cb(layers.rms_norm(b, e, b.w("nextn.enorm.weight", il)), "mtp_enorm", il)
+            x = b.cb(ctx.mul_mat(b.w("nextn.eh_proj.weight", il), ctx.concat(en, hn, 0)),
+                     "mtp_eh_proj", il)
+            cur = b.cb(layers.rms_norm(b, x, b.w("attn_norm.weight", il)), "mtp_attn_norm", il)
+            cur = layers.attention(b, cur, il, attn_in, kv.k(il), kv.v(il))
+            x = b.cb(ctx.add(cur, x), "mtp_attn_residual", il)
+            cur = b.cb(layers.rms_norm(b, x, b.w("post_attention_norm.weight", il)),
+                       "mtp_attn_post_norm", il)
+            cur = b.cb(layers.ffn(b, cur, il), "mtp_ffn_out", il)
+            x = b.cb(ctx.add(cur, x), "mtp_post_ffn", il)
+            h_all = b.cb(layers.rms_norm(b, x, w.head_norm), "h_nextn")
+            h_out = b.cb(ctx.get_rows(h_all, self.out_ids), "mtp_shared_head_norm")
+            logits = b.cb(ctx.mul_mat(w.head, h_out), "result_output")
+            self.h_out = h_out.set_output()
+            graph.expand(h_out)
+            if shape.device_argmax:
+                ids = b.cb(ctx.argmax(logits), "mtp_argmax")
+                probs = ctx.soft_max_ext(logits, None, 1.0)
+                n_vocab = logits.ne[0]
+                top = ctx.get_rows(ctx.reshape(probs, (1, n_vocab, shape.n_outputs)),
+                                   ctx.reshape(ids, (1, shape.n_outputs)))
+                self.ids = ids.set_output()
+                self.top = b.cb(ctx.reshape(top, (shape.n_outputs,)), "mtp_top_prob").set_output()
+                self.logits = None
+                graph.expand(self.ids)
+                graph.expand(self.top)
+            else:
+                self.ids = self.top = None
+                self.logits = logits.set_output()
+                graph.expand(logits)
+        except BaseException:
+            ctx.close()
+            raise
+        self._tokens = np.zeros(n, np.int32)
+        self._h = np.zeros((n, n_embd), np.float32)
+        self._pos = np.zeros((4, n), np.int32)
+        self._mask = np.zeros((B, 1, T, shape.n_kv), np.float16)
+        self._kv_idx = np.zeros(n, np.int64)
+        self._out = np.zeros(shape.n_outputs, np.int32)
+        self._ids = np.zeros(shape.n_outputs, np.int32)
+        self._top = np.zeros(shape.n_outputs, np.float32)
+        self._h_out = np.zeros((shape.n_outputs, n_embd), np.float32)
+        self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), np.float32)
+                        if self.logits is not None else None)
+        self._cells = np.arange(shape.n_kv, dtype=np.int64)
+        self._visible = np.zeros((B, T, shape.n_kv), bool)
+        self._bound = False
+
+    def _bind(self) -> None:
+        self._ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.h, self._h),
+                     HostBinding(self.pos, self._pos), HostBinding(self.mask, self._mask),
+                     HostBinding(self.kv_idx, self._kv_idx), HostBinding(self.out_ids, self._out)]
+        self._outs = [HostBinding(self.h_out, self._h_out)]
+        if self.ids is not None:
+            self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
+        else:
+            self._outs.append(HostBinding(self.logits, self._logits))
+        self._bound = True
+
+    def set_inputs(self, mb: MtpBatch, n_ctx: int) -> None:
+        if not self._bound:
+            self._bind()
+        T = self.shape.n_seq_tokens
+        self._tokens[:] = mb.tokens.reshape(-1)
+        self._h[:] = mb.hidden.reshape(self._h.shape)
+        pos = mb.pos0[:, None] + np.arange(T)[None, :]
+        self._pos[:3] = pos.reshape(-1)
+        np.less_equal(self._cells[None, None, :], pos[:, :, None], out=self._visible)
+        m = self._mask[:, 0]
+        m.fill(np.float16(-np.inf))
+        m[self._visible] = 0
+        slots = np.asarray(mb.slots, dtype=np.int64)
+        self._kv_idx[:] = (slots[:, None] * n_ctx + pos).reshape(-1)
+        self._out[:] = mb.outputs
+        for bnd in self._ins:
+            bnd.push()
+
+    def read(self) -> MtpResult:
+        for bnd in self._outs:
+            bnd.pull()
+        if self.ids is None:  # host argmax + full-vocabulary softmax probability
+            lg = self._logits
+            ids = lg.argmax(axis=1).astype(np.int32)
+            mx = lg.max(axis=1, keepdims=True)
+            probs = (1.0 / np.exp(lg - mx).sum(axis=1)).astype(np.float32)
+            return MtpResult(ids, probs, self._h_out.copy(), lg.copy())
+        return MtpResult(self._ids.copy(), self._top.copy(), self._h_out.copy())
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+class Mtp:
+    """Runs MTP batches on its own scheduler (so target and draft graphs never evict each
+    other's allocation), with graphs reused by shape."""
+
+    def __init__(self, hp: HParams, weights: MtpWeights, kv: KVCache, sched: Scheduler,
+                 device_argmax: bool = True, cache_size: int = 12) -> None:
+        self.hp = hp
+        self.weights = weights
+        self.kv = kv
+        self.sched = sched
+        self.device_argmax = device_argmax
+        self.graphs = GraphCache(cache_size)
+        self.last_python_ms = 0.0
+        self.n_evals = 0
+
+    def run(self, mb: MtpBatch) -> MtpResult:
+        t0 = time.perf_counter()
+        B, T = mb.tokens.shape
+        end = int((mb.pos0 + T).max())
+        shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), tuple(mb.slots), len(mb.outputs),
+                         self.device_argmax)
+        build: Callable = lambda s: MtpGraph(self.hp, self.weights, self.kv, s)  # noqa: E731
+        g = self.graphs.get(shape, build)
+        self.sched.alloc(g.graph)
+        g.set_inputs(mb, self.kv.n_ctx)
+        t1 = time.perf_counter()
+        self.sched.compute(g.graph)
+        t2 = time.perf_counter()
+        res = g.read()
+        for b, slot in enumerate(mb.slots):
+            self.kv.lengths[slot] = int(mb.pos0[b]) + T
+        self.n_evals += 1
+        self.last_python_ms = ((t1 - t0) + (time.perf_counter() - t2)) * 1000
+        return res
+
+    def close(self) -> None:
+        self.graphs.clear()
