@@ -91,6 +91,11 @@ class OracleModel:
         ll = _lib()
         self.path = Path(path)
         p = ll.llama_model_default_params()
+        if n_gpu_layers == 0:
+            # An explicit empty device list: CPU only, and llama.cpp does not probe other
+            # registered devices (a dead RPC server registered by another test aborts a load).
+            self._no_devices = (ctypes.c_void_p * 1)(None)
+            p.devices = ctypes.cast(self._no_devices, ctypes.c_void_p)
         p.n_gpu_layers = n_gpu_layers
         p.vocab_only = vocab_only
         p.load_mtp = load_mtp
