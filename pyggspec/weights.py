@@ -518,6 +518,8 @@ def _upload(w: Weights, jobs: list[_Job], devices: Mapping[str, Device], *, use_
         dev = devices[dname] if kind == "copy" else None
         if dev is None or dev.is_cpu:
             continue  # CPU "free" is MemFree (ignores the page cache): not a useful limit
+        if not dev.reachable():  # ggml aborts on a dead RPC server
+            raise DeviceError(dev.name, f"RPC server {dev.description} is not reachable")
         need = sum(_pad(j.info.nbytes, 256) for j, _ in members)
         free, total = dev.memory()
         if total and need > free:

@@ -217,3 +217,20 @@ def testing_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[f"{arch}-nomtp"] = Path(t.write_model(root / f"{arch}-nomtp.gguf",
                                                   preset(mtp="none")))
     return out
+
+
+@pytest.fixture(scope="session")
+def rpc_device():
+    """A second real ggml device: an RPC server on loopback, alive for the whole session.
+
+    ggml keeps a registered RPC device for the life of the process and llama.cpp aborts
+    when it probes one whose server is gone, so every test shares this one server.
+    """
+    from pyggspec.ggml.device import RpcServer, add_rpc_server
+
+    server = RpcServer(n_threads=1)
+    try:
+        (dev,) = add_rpc_server(server.endpoint)
+        yield dev
+    finally:
+        server.close()

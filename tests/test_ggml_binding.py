@@ -186,21 +186,18 @@ def test_graph_cache_reuses_and_evicts():
     assert cache.hits == 1 and cache.misses == 3
 
 
-def test_rpc_server_shows_up_as_device():
-    with device.RpcServer() as server:
-        added = device.add_rpc_server(server.endpoint)
-        assert added, "no device registered for the RPC server"
-        names = [d.name for d in device.devices()]
-        assert any(n.startswith("RPC") for n in names)
-        rpc = added[0]
-        free, total = rpc.memory()
-        assert total > 0
-        # a tensor round trip through the remote device's memory
-        ctx = context.Context(2)
-        t = ctx.new_tensor("f32", (8,), "r")
-        buf = buffer.Buffer.for_context(ctx, rpc, "rpc-test")
-        data = np.arange(8, dtype=np.float32)
-        t.set(data)
-        np.testing.assert_array_equal(t.get(), data)
-        buf.close()
-        ctx.close()
+def test_rpc_server_shows_up_as_device(rpc_device):
+    names = [d.name for d in device.devices()]
+    assert rpc_device.name in names and rpc_device.is_rpc
+    assert any(i.name == rpc_device.name for i in device.list_devices())
+    free, total = rpc_device.memory()
+    assert total > 0
+    # a tensor round trip through the remote device's memory
+    ctx = context.Context(2)
+    t = ctx.new_tensor("f32", (8,), "r")
+    buf = buffer.Buffer.for_context(ctx, rpc_device, "rpc-test")
+    data = np.arange(8, dtype=np.float32)
+    t.set(data)
+    np.testing.assert_array_equal(t.get(), data)
+    buf.close()
+    ctx.close()

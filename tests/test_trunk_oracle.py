@@ -128,22 +128,19 @@ def test_tail_removal_and_copy(model_dir):
         assert e.seq_len(1) == len(PROMPT) + 2
 
 
-def test_rpc_partial_offload_equals_cpu(model_dir):
-    from pyggspec.ggml.device import RpcServer, add_rpc_server
-
+def test_rpc_partial_offload_equals_cpu(model_dir, rpc_device):
     path = make(model_dir, "moe")
     with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False) as e:
         ref = e.eval(PROMPT)
         ref_step = e.eval([5])
-    with RpcServer(n_threads=1) as srv:
-        (dev,) = add_rpc_server(srv.endpoint)
-        with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False, n_gpu_layers=3,
-                    device=dev.name) as e:
-            assert dev.name in e.placement.layer_devices
-            assert "CPU" in e.placement.layer_devices
-            ours = e.eval(PROMPT)
-            step = e.eval([5])
-            assert e.memory()["weights"].get(dev.name, 0) > 0
+    dev = rpc_device
+    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False, n_gpu_layers=3,
+                device=dev.name) as e:
+        assert dev.name in e.placement.layer_devices
+        assert "CPU" in e.placement.layer_devices
+        ours = e.eval(PROMPT)
+        step = e.eval([5])
+        assert e.memory()["weights"].get(dev.name, 0) > 0
     assert rel_err(ours, ref) <= 1e-5
     assert rel_err(step, ref_step) <= 1e-5
 
