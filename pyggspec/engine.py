@@ -20,6 +20,7 @@ from pyggspec.ggml.sched import Scheduler
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import open_model
 from pyggspec.models.qwen35 import StepResult, Target, UBatch
+from pyggspec.speculative.loop import SpecConfig, SpecStats
 
 
 @dataclass
@@ -81,7 +82,9 @@ class Engine:
                  device: str | None = None, override_tensor: Sequence[tuple[str, str]] = (),
                  cpu_moe: bool = False, type_k: str = "f16", type_v: str = "f16",
                  use_mmap: bool = True, load_tokenizer: bool = True,
-                 progress: bool | None = None) -> None:
+                 progress: bool | None = None, spec_type: str | None = None,
+                 spec: SpecConfig | None = None, mtp_type_k: str = "f16",
+                 mtp_type_v: str = "f16", draft_backend_sampling: bool = True) -> None:
         from pyggspec.weights import load_weights, plan_placement
 
         if n_ctx < 1 or n_parallel < 1 or n_ubatch < 1 or n_batch < n_ubatch:
@@ -101,21 +104,45 @@ class Engine:
             self.n_ubatch = n_ubatch
             self.n_batch = n_batch
             self.n_threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
+            if spec_type not in (None, "none", "draft-mtp"):
+                raise PyggspecError("--spec-type", f"unsupported speculative type {spec_type!r} "
+                                    "(none, draft-mtp)")
+            self.spec_type = "draft-mtp" if spec_type == "draft-mtp" else None
+            self.spec = spec or SpecConfig()
+            grafted = False
+            if self.spec_type:
+                if self.spec.n_max < 1 or self.spec.n_min < 0 or self.spec.n_min > self.spec.n_max:
+                    raise PyggspecError("--spec-draft-n-max", "need 1 <= n_min <= n_max "
+                                        f"(got n_min={self.spec.n_min}, n_max={self.spec.n_max})")
+                if self.model.mtp_file is None:
+                    status = trunk.mtp.status
+                    if status != "grafted":
+                        raise PyggspecError(model_path, f"no MTP head (nextn_predict_layers = "
+                                            f"{hp.n_layer_nextn}); pass --spec-draft-model "
+                                            "mtp-….gguf")
+                    grafted = True
             names = [d.name for d in devices()]
             self.placement = plan_placement(trunk, names, n_gpu_layers, device, override_tensor,
-                                            cpu_moe, include_mtp=False)
+                                            cpu_moe, include_mtp=grafted)
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
                                         progress=progress)
             self._closers.append(self.weights)
+            kv_cells = self.n_ctx + (self.spec.n_max + 1 if self.spec_type else 0)
 
             layer_dev = {il: get_device(self.placement.layer_devices[il])
                          for il in range(hp.n_layer)}
             attn = {il: d for il, d in layer_dev.items() if not hp.is_recurrent(il)}
             recr = {il: d for il, d in layer_dev.items() if hp.is_recurrent(il)}
-            self.kv = KVCache(attn, hp.n_embd_k_gqa, hp.n_embd_v_gqa, self.n_ctx, n_parallel,
+            self.kv = KVCache(attn, hp.n_embd_k_gqa, hp.n_embd_v_gqa, kv_cells, n_parallel,
                               type_k, type_v)
             self._closers.append(self.kv)
-            self.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, n_parallel)
+            self.rollback = self._choose_rollback(recr) if self.spec_type else None
+            planes = 1
+            if self.rollback == "snapshot":
+                planes = self.spec.n_max + 2
+            elif self.rollback == "checkpoint":
+                planes = 2
+            self.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, n_parallel, planes)
             self._closers.append(self.rs)
 
             used = {self.placement.output_device, *self.placement.layer_devices[: hp.n_layer]}
@@ -129,6 +156,10 @@ class Engine:
             self.target = Target(hp, self.weights, self.kv, self.rs, self.sched)
             self._step_ub: dict[int, UBatch] = {}
             self._closers.append(self.target)
+            self.mtp = None
+            self.stats = SpecStats()
+            if self.spec_type:
+                self._init_mtp(kv_cells, mtp_type_k, mtp_type_v, draft_backend_sampling)
             self.tokenizer = None
             if load_tokenizer:
                 from pyggspec.tokenizer import Tokenizer
@@ -140,6 +171,47 @@ class Engine:
         except BaseException:
             self.close()
             raise
+
+    def _choose_rollback(self, recr_devices: dict) -> str:
+        """Snapshot planes when they fit on the devices holding the recurrent state,
+        else checkpoints (two planes); an explicit choice is honoured."""
+        want = self.spec.rollback
+        if want in ("snapshot", "checkpoint"):
+            return want
+        if want != "auto":
+            raise PyggspecError("--spec-rollback", f"expected auto, snapshot or checkpoint, "
+                                f"got {want!r}")
+        hp = self.hp
+        per_plane = (hp.n_embd_r + hp.n_embd_s) * 4 * self.n_parallel
+        need: dict[str, int] = {}
+        for il, dev in recr_devices.items():
+            need[dev.name] = need.get(dev.name, 0) + per_plane * (self.spec.n_max + 2)
+        for name, n in need.items():
+            dev = get_device(name)
+            free, total = dev.memory()
+            if not dev.is_cpu and total and n > free:
+                return "checkpoint"
+        return "snapshot"
+
+    def _init_mtp(self, kv_cells: int, type_k: str, type_v: str, device_argmax: bool) -> None:
+        from pyggspec.models.mtp import Mtp, MtpWeights
+        from pyggspec.speculative.draft_mtp import MtpDrafter
+
+        hp = self.hp
+        block = hp.n_layer
+        mtp_hp = self.model.mtp_file.hparams if self.model.mtp_file is not None else hp
+        if mtp_hp.n_embd_out != hp.n_embd_out:
+            raise PyggspecError(None, "MTP head width differs from the target's")
+        w = MtpWeights(self.weights, block)
+        dev = self.weights.device_of(f"blk.{block}.nextn.eh_proj.weight")
+        self.mtp_kv = KVCache({block: dev}, mtp_hp.n_embd_k_gqa, mtp_hp.n_embd_v_gqa, kv_cells,
+                              self.n_parallel, type_k, type_v, label="mtp-kv")
+        self._closers.append(self.mtp_kv)
+        self.mtp_sched = Scheduler(self.backends)
+        self._closers.append(self.mtp_sched)
+        self.mtp = Mtp(mtp_hp, w, self.mtp_kv, self.mtp_sched, device_argmax=device_argmax)
+        self._closers.append(self.mtp)
+        self.drafter = MtpDrafter(self.mtp, hp.n_embd, self.spec.n_min, self.spec.p_min)
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:
@@ -165,6 +237,8 @@ class Engine:
         self._check_seq(seq_id)
         self.kv.clear(seq_id)
         self.rs.clear(seq_id)
+        if self.mtp is not None:
+            self.mtp_kv.clear(seq_id)
 
     def copy_seq(self, src: int, dst: int) -> None:
         self._check_seq(src)
@@ -309,6 +383,108 @@ class Engine:
         timings.predicted_ms = (time.perf_counter() - t0) * 1000
         text = self.detokenize(out) if self.tokenizer is not None else ""
         self.last_result = GenerationResult(text, out, len(ids), stop, timings)
+
+    def _is_stop(self, ignore_eos: bool):
+        if ignore_eos or self.tokenizer is None:
+            return lambda t: False
+        return self.tokenizer.is_eog
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
+                       ignore_eos: bool = False,
+                       on_tokens=None) -> list[GenerationResult]:
+        """Generate for several prompts at once, one sequence slot each, in shared batches.
+
+        With ``spec_type="draft-mtp"`` every sequence speculates with its own drafts and
+        acceptance; ``on_tokens(index, tokens)`` is called as tokens are emitted.
+        """
+        from pyggspec.speculative.loop import prefill, speculative_step
+
+        if len(prompts) > self.n_parallel:
+            raise PyggspecError(None, f"{len(prompts)} prompts but only {self.n_parallel} "
+                                "sequence slots (raise --parallel)")
+        ids = {i: (self.tokenize(p) if isinstance(p, str) else [int(t) for t in p])
+               for i, p in enumerate(prompts)}
+        for i, toks in ids.items():
+            if not toks:
+                raise PyggspecError(None, f"prompt {i} is empty")
+            if len(toks) >= self.n_ctx:
+                raise PyggspecError(None, f"prompt {i} of {len(toks)} tokens does not fit the "
+                                    f"context ({self.n_ctx}); raise -c")
+        is_stop = self._is_stop(ignore_eos)
+
+        def greedy(slot: int, row: np.ndarray) -> int:
+            return int(np.argmax(row))
+
+        self.stats = stats = SpecStats()
+        timings = Timings()
+        t0 = time.perf_counter()
+        if self.spec_type:
+            seqs = prefill(self, self.drafter, ids, stats, greedy, is_stop, max_tokens)
+        else:
+            seqs = self._plain_prefill(ids, greedy, is_stop, max_tokens)
+        timings.prompt_n = sum(len(t) for t in ids.values())
+        timings.prompt_ms = (time.perf_counter() - t0) * 1000
+        if on_tokens:
+            for s in seqs:
+                if s.out:
+                    on_tokens(s.slot, list(s.out))
+        t0 = time.perf_counter()
+        while any(not s.done for s in seqs):
+            before = {s.slot: len(s.out) for s in seqs}
+            if self.spec_type:
+                speculative_step(self, self.drafter, seqs, self.spec, stats, greedy, is_stop)
+                timings.python_ms.append(self.target.last_python_ms)
+            else:
+                self._plain_step(seqs, greedy, is_stop)
+            if on_tokens:
+                for s in seqs:
+                    if len(s.out) > before[s.slot]:
+                        on_tokens(s.slot, s.out[before[s.slot]:])
+        timings.predicted_n = sum(len(s.out) for s in seqs)
+        timings.predicted_ms = (time.perf_counter() - t0) * 1000
+        out = []
+        for s in seqs:
+            text = self.detokenize(s.out) if self.tokenizer is not None else ""
+            out.append(GenerationResult(text, list(s.out), len(ids[s.slot]), s.stop_reason,
+                                        timings))
+        return out
+
+    def _plain_prefill(self, ids: dict[int, list[int]], sample, is_stop, max_tokens: int):
+        from pyggspec.speculative.loop import SeqState
+
+        for slot in ids:
+            self.clear(slot)
+        res = self.decode(ids, logits="last")
+        seqs = []
+        for slot, toks in ids.items():
+            t = sample(slot, res[slot].logits[-1])
+            s = SeqState(slot, len(toks), t, [], np.zeros((0, 0), np.float32), 0, max_tokens)
+            if is_stop(t):
+                s.done, s.stop_reason = True, "eos"
+            else:
+                s.out.append(t)
+                s.budget -= 1
+                s.done = s.budget <= 0
+            seqs.append(s)
+        return seqs
+
+    def _plain_step(self, seqs, sample, is_stop) -> None:
+        """One token for every live sequence, in one batch."""
+        live = [s for s in seqs if not s.done]
+        res = self.decode({s.slot: [s.pending] for s in live}, logits="last")
+        for s in live:
+            s.pos += 1
+            t = sample(s.slot, res[s.slot].logits[-1])
+            if is_stop(t):
+                s.done, s.stop_reason = True, "eos"
+                continue
+            s.pending = t
+            s.out.append(t)
+            s.budget -= 1
+            if s.budget <= 0:
+                s.done = True
+            elif s.pos + 1 >= self.n_ctx:
+                s.done, s.stop_reason = True, "context"
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, seq_id: int = 0,
                  ignore_eos: bool = False) -> GenerationResult:
