@@ -47,10 +47,23 @@ def _timings_lines(res, memory: dict) -> list[str]:
     return lines
 
 
+def _spec_lines(stats: dict) -> list[str]:
+    pp = ", ".join(f"{p:.3f}" for p in stats["per_position"])
+    return [
+        f"draft acceptance rate = {stats['acceptance']:.5f} ({stats['n_accepted']} accepted / "
+        f"{stats['n_drafted']} generated)",
+        f"mean accepted length = {stats['mean_accepted_length']:.3f} tokens per step, "
+        f"per-position acceptance = [{pp}]",
+        f"target evals = {stats['n_target_evals']}, mtp evals = {stats['n_mtp_evals']}",
+    ]
+
+
 @main.command(context_settings=CONTEXT_SETTINGS)
-@click.option("-m", "--model", "model", type=click.Path(path_type=Path), required=True,
-              help="GGUF model (trunk, MTP grafted or not).")
-@click.option("-p", "--prompt", default=None, help="Prompt text.")
+@click.option("-m", "--model", "model", type=click.Path(path_type=Path), default=None,
+              help="GGUF model (trunk, MTP grafted or not). Without it, --spec-type draft-mtp "
+                   "runs the built-in synthetic demo model.")
+@click.option("-p", "--prompt", "prompts", multiple=True,
+              help="Prompt text (repeat for several sequences with --parallel).")
 @click.option("-f", "--file", "prompt_file", type=click.Path(path_type=Path, exists=True,
               dir_okay=False), help="Read the prompt from a file.")
 @click.option("--prompt-tokens", default=None, metavar="ID,ID,...",
@@ -59,9 +72,11 @@ def _timings_lines(res, memory: dict) -> list[str]:
               help="Wrap the prompt as a user message with the GGUF's chat template.")
 @click.option("-sys", "--system-prompt", default=None, help="System message for --chat.")
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=0), default=128,
-              show_default=True, help="Tokens to generate.")
+              show_default=True, help="Tokens to generate per sequence.")
 @click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=1), default=4096,
               show_default=True)
+@click.option("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=1,
+              show_default=True, help="Sequences generated together (prompts are cycled).")
 @click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048,
               show_default=True)
 @click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), default=512,
@@ -80,54 +95,134 @@ def _timings_lines(res, memory: dict) -> list[str]:
               help="Add remote ggml RPC servers as devices (llama.cpp's rpc-server).")
 @click.option("--no-mmap", is_flag=True, help="Copy CPU weights instead of mapping the file.")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
+@click.option("--spec-type", "spec_type", type=click.Choice(["none", "draft-mtp"]),
+              default="none", show_default=True, help="Speculative decoding.")
+@click.option("-md", "--spec-draft-model", "--model-draft", "draft_model",
+              type=click.Path(path_type=Path), default=None,
+              help="Separate MTP-only GGUF (mtp-*.gguf) for --spec-type draft-mtp.")
+@click.option("--spec-draft-n-max", "n_max", type=click.IntRange(min=1), default=3,
+              show_default=True, help="Most tokens drafted per step.")
+@click.option("--spec-draft-n-min", "n_min", type=click.IntRange(min=0), default=0,
+              show_default=True, help="Drop drafts shorter than this.")
+@click.option("--spec-draft-p-min", "p_min", type=click.FloatRange(0.0, 1.0), default=0.0,
+              show_default=True, help="Stop drafting below this probability (full softmax).")
+@click.option("--spec-rollback", "rollback", type=click.Choice(["auto", "snapshot",
+              "checkpoint"]), default="auto", show_default=True,
+              help="Recurrent-state rollback after partial acceptance.")
+@click.option("-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", "mtp_type_k",
+              default="f16", show_default=True, help="MTP head KV cache type (K).")
+@click.option("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", "mtp_type_v",
+              default="f16", show_default=True, help="MTP head KV cache type (V).")
+@click.option("--spec-draft-backend-sampling/--no-spec-draft-backend-sampling",
+              "draft_backend_sampling", default=True, show_default=True,
+              help="Draft argmax and probability in the MTP graph (else on the host).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
-def run(model: Path, prompt: str | None, prompt_file: Path | None, prompt_tokens: str | None,
-        chat: bool, system_prompt: str | None, n_predict: int, n_ctx: int, n_batch: int,
-        n_ubatch: int, n_threads: int | None, ngl: str | None, device: str | None,
-        overrides: tuple[str, ...], cpu_moe: bool, type_k: str, type_v: str, rpc: str | None,
-        no_mmap: bool, ignore_eos: bool, as_json: bool) -> None:
-    """Generate text (greedy) from MODEL."""
+def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
+        prompt_tokens: str | None, chat: bool, system_prompt: str | None, n_predict: int,
+        n_ctx: int, n_parallel: int, n_batch: int, n_ubatch: int, n_threads: int | None,
+        ngl: str | None, device: str | None, overrides: tuple[str, ...], cpu_moe: bool,
+        type_k: str, type_v: str, rpc: str | None, no_mmap: bool, ignore_eos: bool,
+        spec_type: str, draft_model: Path | None, n_max: int, n_min: int, p_min: float,
+        rollback: str, mtp_type_k: str, mtp_type_v: str, draft_backend_sampling: bool,
+        as_json: bool) -> None:
+    """Generate text from MODEL (greedy), optionally with MTP speculative decoding."""
     from pyggspec.engine import Engine
+    from pyggspec.speculative.loop import SpecConfig
 
     ids = _parse_prompt_tokens(prompt_tokens)
+    texts = list(prompts)
     if prompt_file is not None:
-        prompt = prompt_file.read_text()
-    if ids is None and prompt is None:
+        texts.append(prompt_file.read_text())
+    if ids is None and not texts:
         raise click.UsageError("give a prompt with -p, -f or --prompt-tokens")
-    if n_batch < n_ubatch:
-        n_ubatch = n_batch
+    if n_min > n_max:
+        raise click.BadParameter(f"{n_min} > --spec-draft-n-max {n_max}",
+                                 param_hint="'--spec-draft-n-min'")
+    demo = False
+    if model is None:
+        if spec_type != "draft-mtp":
+            raise click.UsageError("missing -m/--model (only --spec-type draft-mtp has a "
+                                   "built-in demo model)")
+        from pyggspec.demo import demo_model
+
+        model = demo_model(quiet=as_json)
+        demo = True
+        if not as_json:
+            click.echo("pyggspec: running the built-in SYNTHETIC demo model (random weights, "
+                       "constructed MTP agreement ~95%): the text is meaningless, the "
+                       "speed-up is real.", err=True)
+    n_batch = max(n_batch, n_ubatch) if n_batch < n_ubatch else n_batch
     if rpc:
         from pyggspec.ggml.device import add_rpc_server
 
         for ep in rpc.split(","):
             if ep:
                 add_rpc_server(ep.strip())
-    with Engine(model, n_ctx=n_ctx, n_threads=n_threads, n_batch=n_batch, n_ubatch=n_ubatch,
+    spec = SpecConfig(n_max=n_max, n_min=n_min, p_min=p_min, rollback=rollback)
+    with Engine(model, mtp_path=draft_model, n_ctx=n_ctx, n_parallel=n_parallel,
+                n_threads=n_threads, n_batch=n_batch, n_ubatch=n_ubatch,
                 n_gpu_layers=_parse_ngl(ngl), device=device,
                 override_tensor=_parse_overrides(overrides), cpu_moe=cpu_moe, type_k=type_k,
                 type_v=type_v, use_mmap=not no_mmap, progress=None if not as_json else False,
-                ) as engine:
-        if ids is None:
-            text = prompt or ""
-            if chat:
-                msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else [])
-                msgs.append({"role": "user", "content": text})
-                text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-            ids = engine.tokenize(text)
-        for piece in engine.stream(ids, max_tokens=n_predict, ignore_eos=ignore_eos):
-            if not as_json and piece.text:
-                sys.stdout.write(piece.text)
+                spec_type=spec_type, spec=spec, mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v,
+                draft_backend_sampling=draft_backend_sampling) as engine:
+        if ids is not None:
+            inputs: list = [ids]
+        else:
+            inputs = []
+            for text in texts:
+                if chat:
+                    msgs = ([{"role": "system", "content": system_prompt}]
+                            if system_prompt else [])
+                    msgs.append({"role": "user", "content": text})
+                    text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
+                inputs.append(engine.tokenize(text))
+        inputs = [inputs[i % len(inputs)] for i in range(n_parallel)]
+        stream = None
+        if not as_json and n_parallel == 1 and engine.tokenizer is not None:
+            detok = engine.tokenizer.detokenizer()
+
+            def stream(index: int, tokens: list[int]) -> None:
+                for t in tokens:
+                    piece = detok.add(t)
+                    if piece:
+                        sys.stdout.write(piece)
                 sys.stdout.flush()
-        res = engine.last_result
+
+        results = engine.generate_batch(inputs, max_tokens=n_predict, ignore_eos=ignore_eos,
+                                        on_tokens=stream)
+        if stream is not None:
+            sys.stdout.write(detok.flush())
         memory = engine.memory()
+        stats = engine.stats.to_dict() if engine.spec_type else None
+        rollback_used = engine.rollback
+    res = results[0]
     if as_json:
-        out = res.to_dict()
+        out = res.to_dict() if n_parallel == 1 else {
+            "results": [r.to_dict() for r in results],
+            "timings": res.timings.to_dict()}
         out["memory"] = memory
+        out["model"] = str(model)
+        out["demo"] = demo
+        if stats is not None:
+            stats["rollback"] = rollback_used
+            out["spec"] = stats
+            out["timings"]["draft_n"] = stats["n_drafted"]
+            out["timings"]["draft_n_accepted"] = stats["n_accepted"]
         click.echo(json.dumps(out))
+        return
+    if stream is None:
+        for i, r in enumerate(results):
+            label = f"[seq {i}] " if n_parallel > 1 else ""
+            sys.stdout.write(f"{label}{r.text}\n")
     else:
         sys.stdout.write("\n")
-        for line in _timings_lines(res, memory):
+    for line in _timings_lines(res, memory):
+        click.echo(line, err=True)
+    if stats is not None:
+        for line in _spec_lines(stats):
             click.echo(line, err=True)
+        click.echo(f"rollback   : {rollback_used}", err=True)
 
 
 __all__ = ["run", "PyggspecError"]

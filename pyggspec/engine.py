@@ -431,11 +431,15 @@ class Engine:
         t0 = time.perf_counter()
         while any(not s.done for s in seqs):
             before = {s.slot: len(s.out) for s in seqs}
+            t_step = time.perf_counter()
+            device_ms = self._device_ms()
             if self.spec_type:
                 speculative_step(self, self.drafter, seqs, self.spec, stats, greedy, is_stop)
-                timings.python_ms.append(self.target.last_python_ms)
             else:
                 self._plain_step(seqs, greedy, is_stop)
+            # the host share of the step: wall time minus graph compute and graph builds
+            timings.python_ms.append((time.perf_counter() - t_step) * 1000
+                                     - (self._device_ms() - device_ms))
             if on_tokens:
                 for s in seqs:
                     if len(s.out) > before[s.slot]:
@@ -448,6 +452,12 @@ class Engine:
             out.append(GenerationResult(text, list(s.out), len(ids[s.slot]), s.stop_reason,
                                         timings))
         return out
+
+    def _device_ms(self) -> float:
+        total = self.target.compute_ms_total + self.target.build_ms_total
+        if self.mtp is not None:
+            total += self.mtp.compute_ms_total + self.mtp.build_ms_total
+        return total
 
     def _plain_prefill(self, ids: dict[int, list[int]], sample, is_stop, max_tokens: int):
         from pyggspec.speculative.loop import SeqState

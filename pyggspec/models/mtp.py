@@ -231,6 +231,8 @@ class Mtp:
         self.device_argmax = device_argmax
         self.graphs = GraphCache(cache_size)
         self.last_python_ms = 0.0
+        self.compute_ms_total = 0.0  # device time of all steps (graph compute)
+        self.build_ms_total = 0.0  # graph builds and (re)allocations
         self.n_evals = 0
 
     def run(self, mb: MtpBatch) -> MtpResult:
@@ -242,6 +244,7 @@ class Mtp:
         build: Callable = lambda s: MtpGraph(self.hp, self.weights, self.kv, s)  # noqa: E731
         g = self.graphs.get(shape, build)
         self.sched.alloc(g.graph)
+        t_alloc = time.perf_counter()
         g.set_inputs(mb, self.kv.n_ctx)
         t1 = time.perf_counter()
         self.sched.compute(g.graph)
@@ -250,7 +253,11 @@ class Mtp:
         for b, slot in enumerate(mb.slots):
             self.kv.lengths[slot] = int(mb.pos0[b]) + T
         self.n_evals += 1
-        self.last_python_ms = ((t1 - t0) + (time.perf_counter() - t2)) * 1000
+        # host work of a step: inputs and outputs (graph builds/allocations counted apart)
+        self.last_python_ms = ((t1 - t_alloc) + (time.perf_counter() - t2)) * 1000
+        self.last_build_ms = (t_alloc - t0) * 1000
+        self.compute_ms_total += (t2 - t1) * 1000
+        self.build_ms_total += self.last_build_ms
         return res
 
     def close(self) -> None:

@@ -185,6 +185,8 @@ class Target:
         self.sched = sched
         self.graphs = GraphCache(cache_size)
         self.last_python_ms = 0.0
+        self.compute_ms_total = 0.0  # device time of all steps (graph compute)
+        self.build_ms_total = 0.0  # graph builds and (re)allocations
 
     def shape_of(self, ub: UBatch) -> UBatchShape:
         B, T = ub.tokens.shape
@@ -208,6 +210,7 @@ class Target:
         g = self.graphs.get(shape, lambda s: TargetGraph(self.hp, self.weights, self.kv,
                                                          self.rs, s))
         self.sched.alloc(g.graph)
+        t_alloc = time.perf_counter()
         g.set_inputs(ub, self.kv.n_ctx)
         t1 = time.perf_counter()
         self.sched.compute(g.graph)
@@ -219,7 +222,11 @@ class Target:
         T = shape.n_seq_tokens
         for b, slot in enumerate(ub.slots):
             self.kv.lengths[slot] = int(ub.pos0[b]) + T
-        self.last_python_ms = ((t1 - t0) + (time.perf_counter() - t2)) * 1000
+        # host work of a step: inputs and outputs (graph builds/allocations counted apart)
+        self.last_python_ms = ((t1 - t_alloc) + (time.perf_counter() - t2)) * 1000
+        self.last_build_ms = (t_alloc - t0) * 1000
+        self.compute_ms_total += (t2 - t1) * 1000
+        self.build_ms_total += self.last_build_ms
         return StepResult(logits, hidden)
 
     def close(self) -> None:

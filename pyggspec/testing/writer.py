@@ -475,7 +475,9 @@ def _add_metadata(w: GGUFWriter, spec: ModelSpec, part: Part) -> None:
 # Public writers
 # --------------------------------------------------------------------------------------------
 
-def _write(path: Path, spec: ModelSpec, part: Part) -> Path:
+def _write(path: Path, spec: ModelSpec, part: Part,
+           progress: Callable[[int, int], None] | None = None) -> Path:
+    """``progress(done, total)`` is called after each tensor (tensor counts)."""
     entries = plan_tensors(spec, part)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -495,8 +497,10 @@ def _write(path: Path, spec: ModelSpec, part: Part) -> Path:
         w.write_header_to_file(path=Path(tmp))
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for e in entries:
+        for i, e in enumerate(entries):
             w.write_tensor_data(e.data())
+            if progress is not None:
+                progress(i + 1, len(entries))
         w.close()
         os.replace(tmp, path)
     finally:
@@ -510,10 +514,11 @@ def default_stem(spec: ModelSpec) -> str:
     return f"{spec.model_name}-{spec.dtype.upper()}"
 
 
-def write_model(path: str | os.PathLike[str], spec: ModelSpec) -> Path:
+def write_model(path: str | os.PathLike[str], spec: ModelSpec,
+                progress: Callable[[int, int], None] | None = None) -> Path:
     """One GGUF: trunk + grafted MTP block (``spec.mtp == "grafted"``, the converter's default)
     or trunk only (``"none"``, the ``--no-mtp`` layout: no ``nextn_predict_layers`` key)."""
-    return _write(Path(path), spec, "full" if spec.mtp == "grafted" else "trunk")
+    return _write(Path(path), spec, "full" if spec.mtp == "grafted" else "trunk", progress)
 
 
 def write_split(directory: str | os.PathLike[str], spec: ModelSpec) -> tuple[Path, Path]:
@@ -534,6 +539,7 @@ def write_split(directory: str | os.PathLike[str], spec: ModelSpec) -> tuple[Pat
 
 def cached_model(
     spec: ModelSpec, cache_dir: str | os.PathLike[str], layout: Literal["model", "split"] = "model",
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path | tuple[Path, Path]:
     """Write once per (spec, layout) into ``cache_dir/<digest>/`` and reuse afterwards."""
     d = Path(cache_dir) / f"{spec.digest()}-{layout}"
@@ -546,4 +552,4 @@ def cached_model(
     path = d / f"{stem}.gguf"
     if path.exists():
         return path
-    return write_model(path, spec)
+    return write_model(path, spec, progress)

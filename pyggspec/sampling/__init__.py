@@ -1,0 +1,1 @@
+"""Sampler chains that run partly in the ggml graph and finish on the host (placeholder)."""

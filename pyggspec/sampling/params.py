@@ -1,0 +1,225 @@
+"""Sampling parameters with llama.cpp's CLI names and defaults, and their click options.
+
+Defaults follow ``common_params_sampling`` (``common/common.h``); sampler names and aliases
+follow ``common_sampler_types_from_names`` (``common/sampling.cpp``), so a ``--samplers``
+string that works with llama.cpp works here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import click
+
+DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: draw a random seed
+
+# canonical names, in llama.cpp's default order (common_params_sampling::samplers)
+DEFAULT_SAMPLERS: tuple[str, ...] = (
+    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
+)
+# samplers llama.cpp knows that pyggspec does not implement; their parameters are not exposed
+# here, so they are always in their disabled state and become no-ops (as llama.cpp's "empty").
+UNIMPLEMENTED = frozenset({"dry", "top_n_sigma", "xtc", "infill", "adaptive_p"})
+_CANONICAL = frozenset(DEFAULT_SAMPLERS) | {"infill", "adaptive_p"}
+_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma",
+          "m": "min_p", "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties",
+          "a": "adaptive_p"}
+
+
+def _aliases() -> dict[str, str]:
+    out = {n: n for n in _CANONICAL}
+    for n in _CANONICAL:
+        if "_" in n:
+            out[n.replace("_", "-")] = n
+            out[n.replace("_", "")] = n
+    out.update({"nucleus": "top_p", "temp": "temperature", "typ": "typ_p"})
+    return out
+
+
+_ALIASES = _aliases()
+
+
+def parse_samplers(value: str) -> tuple[str, ...]:
+    """``"top_k;top-p;temp"`` (names, ``;``-separated) -> canonical names. Unknown names
+    are an error here (llama.cpp only warns: a typo silently changing the chain is worse)."""
+    names = []
+    for raw in value.split(";"):
+        raw = raw.strip().lower()
+        if not raw:
+            continue
+        if raw not in _ALIASES:
+            raise ValueError(f"unknown sampler '{raw}' (known: {', '.join(sorted(_CANONICAL))})")
+        names.append(_ALIASES[raw])
+    return tuple(names)
+
+
+def parse_sampler_chars(value: str) -> tuple[str, ...]:
+    """llama.cpp's ``--sampler-seq`` form, e.g. ``"ekypmt"``."""
+    bad = [c for c in value if c not in _CHARS]
+    if bad:
+        raise ValueError(f"unknown sampler char(s) {''.join(bad)!r}")
+    return tuple(_CHARS[c] for c in value)
+
+
+def parse_logit_bias(items: tuple[str, ...] | list[str]) -> tuple[tuple[int, float], ...]:
+    """``["15043+1", "2-inf"]`` -> ((15043, 1.0), (2, -inf)), as llama.cpp's ``-l``."""
+    out = []
+    for item in items:
+        s = item.strip()
+        pos = max(s.rfind("+"), s.rfind("-"))
+        if pos <= 0 or not s[:pos].isdigit():
+            raise ValueError(f"logit bias must be TOKEN_ID(+/-)BIAS, got '{item}'")
+        try:
+            mag = float(s[pos + 1:])
+        except ValueError:
+            raise ValueError(f"logit bias must be TOKEN_ID(+/-)BIAS, got '{item}'") from None
+        out.append((int(s[:pos]), -mag if s[pos] == "-" else mag))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """One sequence's sampler settings (llama.cpp names in comments)."""
+
+    temp: float = 0.80  # --temp; <= 0 means greedy
+    top_k: int = 40  # --top-k; <= 0 disables
+    top_p: float = 0.95  # --top-p; 1.0 disables
+    min_p: float = 0.05  # --min-p; 0.0 disables
+    typical_p: float = 1.00  # --typical; 1.0 disables
+    repeat_penalty: float = 1.00  # --repeat-penalty; 1.0 disables
+    repeat_last_n: int = 64  # --repeat-last-n; 0 disables penalties
+    presence_penalty: float = 0.00  # --presence-penalty
+    frequency_penalty: float = 0.00  # --frequency-penalty
+    seed: int = DEFAULT_SEED  # --seed; 0xFFFFFFFF draws a random seed
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS  # --samplers
+    logit_bias: tuple[tuple[int, float], ...] = field(default=())  # --logit-bias
+
+    def __post_init__(self) -> None:
+        rp = self.repeat_penalty
+        if not math.isfinite(rp) or rp <= 0 or not math.isfinite(1.0 / rp):
+            raise ValueError("repeat-penalty must be finite and greater than 0")
+        if self.repeat_last_n < 0:
+            raise ValueError(f"invalid repeat-last-n = {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty", "top_p", "min_p", "typical_p"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name.replace('_', '-')} must be finite")
+        if not (0 <= self.seed <= 0xFFFFFFFFFFFFFFFF):
+            raise ValueError(f"seed must be a non-negative 64-bit integer, got {self.seed}")
+        unknown = [s for s in self.samplers if s not in _CANONICAL]
+        if unknown:
+            raise ValueError(f"unknown sampler(s): {', '.join(unknown)}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0.0
+
+    @property
+    def penalties_active(self) -> bool:
+        return self.repeat_last_n != 0 and not (
+            self.repeat_penalty == 1.0 and self.frequency_penalty == 0.0
+            and self.presence_penalty == 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"temp": self.temp, "top_k": self.top_k, "top_p": self.top_p,
+                "min_p": self.min_p, "typical_p": self.typical_p,
+                "repeat_penalty": self.repeat_penalty, "repeat_last_n": self.repeat_last_n,
+                "presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty, "seed": self.seed,
+                "samplers": ";".join(self.samplers),
+                "logit_bias": [list(b) for b in self.logit_bias]}
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """What :func:`sampling_options` hands the command: params plus the offload switches."""
+
+    params: SamplingParams
+    backend_sampling: bool = False  # target chain in the graph (llama.cpp: off by default)
+    draft_backend_sampling: bool = True  # draft chain in the MTP graph (llama.cpp: on)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _samplers_cb(ctx: click.Context, param: click.Parameter, value: str | None):
+    if value is None:
+        return DEFAULT_SAMPLERS
+    try:
+        return parse_samplers(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def _bias_cb(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
+    try:
+        return parse_logit_bias(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def sampling_options(fn: F) -> F:
+    """Add llama.cpp's sampling flags to a click command; it receives ``sampling``
+    (a :class:`SamplingOptions`) instead of the individual values."""
+    d = SamplingParams()
+    opts = [
+        click.option("--temp", "--temperature", "temp", type=float, default=d.temp,
+                     show_default=True, help="Temperature; <= 0 samples greedily."),
+        click.option("--top-k", "top_k", type=int, default=d.top_k, show_default=True,
+                     help="Top-k sampling (0 = disabled)."),
+        click.option("--top-p", "top_p", type=float, default=d.top_p, show_default=True,
+                     help="Top-p sampling (1.0 = disabled)."),
+        click.option("--min-p", "min_p", type=float, default=d.min_p, show_default=True,
+                     help="Min-p sampling (0.0 = disabled)."),
+        click.option("--typical", "--typical-p", "typical_p", type=float, default=d.typical_p,
+                     show_default=True, help="Locally typical sampling p (1.0 = disabled)."),
+        click.option("--repeat-penalty", "repeat_penalty", type=float,
+                     default=d.repeat_penalty, show_default=True,
+                     help="Penalize repeated tokens (1.0 = disabled)."),
+        click.option("--repeat-last-n", "repeat_last_n", type=click.IntRange(min=0),
+                     default=d.repeat_last_n, show_default=True,
+                     help="Last n tokens to penalize (0 = disabled)."),
+        click.option("--presence-penalty", "presence_penalty", type=float,
+                     default=d.presence_penalty, show_default=True,
+                     help="Presence penalty (0.0 = disabled)."),
+        click.option("--frequency-penalty", "frequency_penalty", type=float,
+                     default=d.frequency_penalty, show_default=True,
+                     help="Frequency penalty (0.0 = disabled)."),
+        click.option("-s", "--seed", "seed", type=click.IntRange(min=0), default=d.seed,
+                     show_default=True, help=f"RNG seed ({DEFAULT_SEED} = random)."),
+        click.option("--samplers", "samplers", default=None, callback=_samplers_cb,
+                     metavar="SAMPLERS",
+                     help="';'-separated sampler order (default: "
+                          f"{';'.join(DEFAULT_SAMPLERS)})."),
+        click.option("-l", "--logit-bias", "logit_bias", multiple=True, callback=_bias_cb,
+                     metavar="TOKEN_ID(+/-)BIAS", help="Bias one token, e.g. 15043+1."),
+        click.option("-bs", "--backend-sampling/--no-backend-sampling", "backend_sampling",
+                     default=False, show_default=True,
+                     help="Run the target sampler chain in the graph where the device can."),
+        click.option("--spec-draft-backend-sampling/--no-spec-draft-backend-sampling",
+                     "draft_backend_sampling", default=True, show_default=True,
+                     help="Run the draft sampler chain in the MTP graph."),
+    ]
+
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        names = ("temp", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
+                 "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "samplers",
+                 "logit_bias")
+        values = {n: kwargs.pop(n) for n in names}
+        bs = kwargs.pop("backend_sampling")
+        dbs = kwargs.pop("draft_backend_sampling")
+        try:
+            params = SamplingParams(**values)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+        kwargs["sampling"] = SamplingOptions(params, bs, dbs)
+        return fn(*args, **kwargs)
+
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper  # type: ignore[return-value]
