@@ -1,0 +1,182 @@
+"""draft-mtp speculative decoding: lossless, drafts equal llama.cpp's, rollback exact."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pyggspec.cli import main
+from pyggspec.engine import Engine
+from pyggspec.errors import PyggspecError
+from pyggspec.speculative.loop import SpecConfig
+from pyggspec.testing import cached_model, tiny_dense, tiny_moe
+from pyggspec.testing.oracle import OracleModel
+
+PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310]]
+
+
+@pytest.fixture(scope="session")
+def spec_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("spec_models")
+
+
+def agreement_model(spec_dir, arch="dense", agreement=0.8, layout="model"):
+    make = tiny_dense if arch == "dense" else tiny_moe
+    spec = make(dtype="f32", agreement=agreement, tied_embeddings=False)
+    return cached_model(spec, spec_dir, layout=layout)
+
+
+def plain_outputs(path, prompts, n):
+    with Engine(path, n_ctx=256, n_parallel=len(prompts), n_threads=2) as e:
+        return [r.tokens for r in e.generate_batch(prompts, max_tokens=n, ignore_eos=True)]
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("rollback", ["snapshot", "checkpoint"])
+@pytest.mark.parametrize("n_max", [1, 3, 5])
+def test_lossless_many_sequences(spec_dir, arch, rollback, n_max):
+    path = agreement_model(spec_dir, arch, 0.7)
+    ref = plain_outputs(path, PROMPTS, 30)
+    cfg = SpecConfig(n_max=n_max, rollback=rollback)
+    with Engine(path, n_ctx=256, n_parallel=4, n_threads=2, spec_type="draft-mtp",
+                spec=cfg) as e:
+        out = e.generate_batch(PROMPTS, max_tokens=30, ignore_eos=True)
+        stats = e.stats
+        assert e.rollback == rollback
+    assert [r.tokens for r in out] == ref
+    assert stats.n_drafted > 0 and 0 < stats.n_accepted < stats.n_drafted
+    assert len(stats.per_position) == n_max
+
+
+def test_snapshot_needs_fewer_target_evals_than_checkpoint(spec_dir):
+    path = agreement_model(spec_dir, "dense", 0.7)
+    evals = {}
+    for rb in ("snapshot", "checkpoint"):
+        with Engine(path, n_ctx=256, n_parallel=1, n_threads=2, spec_type="draft-mtp",
+                    spec=SpecConfig(n_max=3, rollback=rb)) as e:
+            e.generate_batch([PROMPTS[0]], max_tokens=40, ignore_eos=True)
+            evals[rb] = e.stats.n_target_evals
+    assert evals["snapshot"] < evals["checkpoint"]
+
+
+def test_p_min_and_n_min_limit_drafts(spec_dir):
+    path = agreement_model(spec_dir, "dense", 0.7)
+    ref = plain_outputs(path, PROMPTS[:1], 30)
+    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=4, p_min=0.999999)) as e:
+        out = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
+        strict = e.stats.n_drafted
+    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=4, n_min=4)) as e:
+        out2 = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
+        assert e.stats.n_drafted % 4 == 0  # every kept draft has exactly n_min=n_max tokens
+    assert out[0].tokens == ref[0] == out2[0].tokens
+    assert strict < 30 * 4
+
+
+def test_perfect_head_accepts_everything(spec_dir):
+    path = agreement_model(spec_dir, "dense", 1.0)
+    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=3)) as e:
+        e.generate_batch(PROMPTS[:1], max_tokens=40, ignore_eos=True)
+        assert e.stats.acceptance == 1.0
+
+
+def test_first_draft_equals_llamacpp_mtp(spec_dir):
+    """The head sees the pairs (x_q, h_{q-1}) and the same numbers as llama.cpp's MTP ctx."""
+    path = agreement_model(spec_dir, "moe", 0.8)
+    prompt = PROMPTS[2]
+    with OracleModel(path, load_mtp=True) as om:
+        with om.context(n_ctx=256, n_batch=256, nextn=True) as oc:
+            t = int(oc.eval(prompt)[-1].argmax())
+            hid = np.stack([oc.hidden_nextn(i) for i in range(len(prompt))])
+        paired = np.concatenate([np.zeros((1, hid.shape[1]), np.float32), hid])
+        with om.context(n_ctx=256, n_batch=256, mtp=True) as mc:
+            ref = mc.mtp_eval(prompt + [t], paired, 0)
+    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=1)) as e:
+        from pyggspec.speculative.loop import prefill
+
+        seqs = prefill(e, e.drafter, {0: prompt}, e.stats, lambda s, r: int(r.argmax()),
+                       lambda x: False, 10)
+        from pyggspec.speculative.draft_mtp import DraftRequest
+
+        s = seqs[0]
+        d = e.drafter.draft([DraftRequest(0, s.new_pos0, s.new_tokens, s.new_hidden, 1)])
+        assert s.pending == t
+        assert d[0].tokens == [int(ref[-1].argmax())]
+        p = np.exp(ref[-1] - ref[-1].max())
+        assert abs(d[0].probs[0] - p.max() / p.sum()) < 1e-5
+
+
+def test_state_after_rollback_equals_plain_decoding(spec_dir):
+    """After speculation the KV rows and the conv/SSM states equal plain decoding's."""
+    path = agreement_model(spec_dir, "dense", 0.6)
+    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=3, rollback="snapshot")) as e:
+        out = e.generate_batch([PROMPTS[0]], max_tokens=25, ignore_eos=True)[0].tokens
+        assert 0 < e.stats.n_accepted < e.stats.n_drafted  # partial acceptance happened
+        n = e.seq_len(0)
+        spec_state = e.rs.snapshot(0)
+        spec_k = {il: e.kv.k(il).read_bytes(0, n * e.kv.k(il).nb[1]) for il in e.kv.layers}
+    committed = PROMPTS[0] + out[: n - len(PROMPTS[0])]
+    with Engine(path, n_ctx=256, n_threads=2) as p:
+        p.eval(committed)
+        assert p.seq_len(0) == n
+        plain_state = p.rs.snapshot(0)
+        plain_k = {il: p.kv.k(il).read_bytes(0, n * p.kv.k(il).nb[1]) for il in p.kv.layers}
+    for key, data in plain_state.data.items():
+        a = np.frombuffer(spec_state.data[key], np.float32)
+        b = np.frombuffer(data, np.float32)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(key))
+    for il in plain_k:
+        a = np.frombuffer(spec_k[il], np.float16).astype(np.float32)
+        b = np.frombuffer(plain_k[il], np.float16).astype(np.float32)
+        np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
+
+
+def test_separate_mtp_file_drafts_like_grafted(spec_dir):
+    grafted = agreement_model(spec_dir, "dense", 0.8)
+    trunk, mtp = agreement_model(spec_dir, "dense", 0.8, layout="split")
+    stats = []
+    outs = []
+    for model, md in ((grafted, None), (trunk, mtp)):
+        with Engine(model, mtp_path=md, n_ctx=256, n_threads=2, spec_type="draft-mtp") as e:
+            outs.append(e.generate_batch([PROMPTS[1]], max_tokens=30, ignore_eos=True)[0].tokens)
+            stats.append((e.stats.n_drafted, e.stats.n_accepted))
+    assert outs[0] == outs[1]
+    assert stats[0] == stats[1]
+
+
+def test_model_without_mtp_head_is_a_clear_error(spec_dir):
+    path = cached_model(tiny_dense(dtype="f32", mtp="none"), spec_dir)
+    with pytest.raises(PyggspecError, match="no MTP head .nextn_predict_layers = 0.; pass "
+                       "--spec-draft-model"):
+        Engine(path, spec_type="draft-mtp")
+    r = CliRunner().invoke(main, ["run", "-m", str(path), "-p", "hi", "--spec-type",
+                                  "draft-mtp"])
+    assert r.exit_code == 1
+    assert r.output.strip().startswith(f"pyggspec: {path}: no MTP head")
+
+
+def test_cli_spec_json(spec_dir):
+    path = agreement_model(spec_dir, "dense", 0.8)
+    r = CliRunner().invoke(main, ["run", "-m", str(path), "--prompt-tokens", "300,301",
+                                  "-n", "20", "--ignore-eos", "--spec-type", "draft-mtp",
+                                  "--spec-draft-n-max", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    spec = d["spec"]
+    for key in ("type", "n_drafted", "n_accepted", "acceptance", "per_position",
+                "n_target_evals", "n_mtp_evals"):
+        assert key in spec
+    assert spec["type"] == "draft-mtp" and len(spec["per_position"]) == 2
+    assert d["timings"]["draft_n"] == spec["n_drafted"]
+    assert d["timings"]["draft_n_accepted"] == spec["n_accepted"]
+    assert d["n_gen"] == 20
+    r2 = CliRunner().invoke(main, ["run", "-m", str(path), "--prompt-tokens", "300,301",
+                                   "-n", "20", "--ignore-eos", "--json"])
+    assert json.loads(r2.output)["tokens"] == d["tokens"]
