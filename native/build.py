@@ -40,7 +40,7 @@ def find_ggml() -> GgmlInstall:
             "llama-cpp-python is not installed; run ./install.sh (it builds llama-cpp-python "
             f"{LLAMA_CPP_VERSION} with the RPC backend)"
         )
-    pkg = Path(list(spec.submodule_search_locations)[0])
+    pkg = Path(next(iter(spec.submodule_search_locations)))
     lib_dir = pkg / "lib"
     candidates = [pkg / "include", pkg.parent / "include", Path(sysconfig.get_paths()["data"]) / "include"]
     include_dir = next((c for c in candidates if (c / "ggml.h").is_file()), None)

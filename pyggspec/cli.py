@@ -442,4 +442,4 @@ def devices(as_json: bool) -> None:
 
 
 # ---------------------------------------------------------------------------- run
-from pyggspec import cli_run as _cli_run  # noqa: E402,F401  (registers `run` on `main`)
+from pyggspec import cli_run as _cli_run  # noqa: F401  (registers `run` on `main`)

@@ -32,11 +32,11 @@ def _parse_prompt_tokens(value: str | None) -> list[int] | None:
 def _timings_lines(res, memory: dict) -> list[str]:
     t = res.timings.to_dict()
     lines = [
-        f"prompt eval: {t['prompt_n']:6d} tokens in {t['prompt_ms']:10.2f} ms "
-        f"({t['prompt_per_second']:8.2f} tokens/s)",
-        f"generation : {t['predicted_n']:6d} tokens in {t['predicted_ms']:10.2f} ms "
+        (f"prompt eval: {t['prompt_n']:6d} tokens in {t['prompt_ms']:10.2f} ms "
+        f"({t['prompt_per_second']:8.2f} tokens/s)"),
+        (f"generation : {t['predicted_n']:6d} tokens in {t['predicted_ms']:10.2f} ms "
         f"({t['predicted_per_second']:8.2f} tokens/s, python {t['python_ms_per_step']:.3f} "
-        "ms/step)",
+        "ms/step)"),
     ]
     parts = []
     for comp in ("weights", "kv", "recurrent", "compute"):
@@ -50,10 +50,10 @@ def _timings_lines(res, memory: dict) -> list[str]:
 def _spec_lines(stats: dict) -> list[str]:
     pp = ", ".join(f"{p:.3f}" for p in stats["per_position"])
     return [
-        f"draft acceptance rate = {stats['acceptance']:.5f} ({stats['n_accepted']} accepted / "
-        f"{stats['n_drafted']} generated)",
-        f"mean accepted length = {stats['mean_accepted_length']:.3f} tokens per step, "
-        f"per-position acceptance = [{pp}]",
+        (f"draft acceptance rate = {stats['acceptance']:.5f} ({stats['n_accepted']} accepted / "
+        f"{stats['n_drafted']} generated)"),
+        (f"mean accepted length = {stats['mean_accepted_length']:.3f} tokens per step, "
+        f"per-position acceptance = [{pp}]"),
         f"target evals = {stats['n_target_evals']}, mtp evals = {stats['n_mtp_evals']}",
     ]
 
@@ -225,4 +225,4 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         click.echo(f"rollback   : {rollback_used}", err=True)
 
 
-__all__ = ["run", "PyggspecError"]
+__all__ = ["PyggspecError", "run"]

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from typing_extensions import Self
 
 from pyggspec.errors import PyggspecError
 from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
@@ -184,7 +185,7 @@ class Engine:
         hp = self.hp
         per_plane = (hp.n_embd_r + hp.n_embd_s) * 4 * self.n_parallel
         need: dict[str, int] = {}
-        for il, dev in recr_devices.items():
+        for dev in recr_devices.values():
             need[dev.name] = need.get(dev.name, 0) + per_plane * (self.spec.n_max + 2)
         for name, n in need.items():
             dev = get_device(name)
@@ -218,7 +219,7 @@ class Engine:
         while self._closers:
             self._closers.pop().close()
 
-    def __enter__(self) -> Engine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -43,7 +43,7 @@ def test_cpu_device_listed():
     infos = device.list_devices()
     assert any(i.type == "cpu" for i in infos)
     cpu = device.cpu_device()
-    free, total = cpu.memory()
+    _free, total = cpu.memory()
     assert total > 0
     assert "CPU" in device.backends_available()
 
@@ -109,7 +109,7 @@ def test_gated_delta_net_matches_reference(cpu, K):
         return [ctx.gated_delta_net(ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"],
                                     ins["state"], n_snapshots=K)]
 
-    (res,) = run_graph(cpu, build, dict(q=q, k=k, v=v, g=g, beta=beta, state=state))
+    (res,) = run_graph(cpu, build, {"q": q, "k": k, "v": v, "g": g, "beta": beta, "state": state})
     out_ref, states_ref = gated_delta_rule(q, k, v, g[..., 0], beta[..., 0], state)
     flat = res.reshape(-1, S * H)
     n_out = T * B
@@ -190,7 +190,7 @@ def test_rpc_server_shows_up_as_device(rpc_device):
     names = [d.name for d in device.devices()]
     assert rpc_device.name in names and rpc_device.is_rpc
     assert any(i.name == rpc_device.name for i in device.list_devices())
-    free, total = rpc_device.memory()
+    _free, total = rpc_device.memory()
     assert total > 0
     # a tensor round trip through the remote device's memory
     ctx = context.Context(2)

@@ -132,9 +132,9 @@ def test_state_after_rollback_equals_plain_decoding(spec_dir):
         a = np.frombuffer(spec_state.data[key], np.float32)
         b = np.frombuffer(data, np.float32)
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=str(key))
-    for il in plain_k:
+    for il, data in plain_k.items():
         a = np.frombuffer(spec_k[il], np.float16).astype(np.float32)
-        b = np.frombuffer(plain_k[il], np.float16).astype(np.float32)
+        b = np.frombuffer(data, np.float16).astype(np.float32)
         np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
 
 

@@ -81,7 +81,7 @@ def ensure_built(verbose: bool = False) -> Path:
             print("pyggspec: compiling the ggml binding (once) ...", file=sys.stderr)
             try:
                 built = builder.build(out, ggml, verbose=verbose)
-            except Exception as e:  # compiler missing, header drift, ...
+            except Exception as e:  # noqa: BLE001  (compiler missing, header drift, ...)
                 raise BindingError(out, f"building the ggml binding failed: {e}") from None
     return built
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 
+from typing_extensions import Self
+
 from pyggspec.ggml import _lib
 from pyggspec.ggml.dtypes import GGMLType
 from pyggspec.ggml.tensor import Tensor
@@ -91,7 +93,7 @@ class Context:
     def closed(self) -> bool:
         return not self._finalizer.alive
 
-    def __enter__(self) -> Context:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -14,6 +14,8 @@ import time
 import weakref
 from dataclasses import asdict, dataclass
 
+from typing_extensions import Self
+
 from pyggspec.errors import DeviceError
 from pyggspec.ggml import _lib
 
@@ -148,7 +150,7 @@ class Backend:
     def closed(self) -> bool:
         return not self._finalizer.alive
 
-    def __enter__(self) -> Backend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -269,7 +271,7 @@ class RpcServer:
         if self.proc.stderr:
             self.proc.stderr.close()
 
-    def __enter__(self) -> RpcServer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

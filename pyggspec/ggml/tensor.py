@@ -16,7 +16,7 @@ from pyggspec.ggml.dtypes import GGMLType, numpy_dtype
 
 
 class Tensor:
-    __slots__ = ("ptr", "ctx", "__weakref__")
+    __slots__ = ("__weakref__", "ctx", "ptr")
 
     def __init__(self, ptr: Any, ctx: Any) -> None:
         self.ptr = ptr
@@ -172,7 +172,7 @@ class HostBinding:
     Valid while the tensor's context lives and after the graph was allocated.
     """
 
-    __slots__ = ("tensor", "array", "_buf", "_ptr", "_n")
+    __slots__ = ("_buf", "_n", "_ptr", "array", "tensor")
 
     def __init__(self, tensor: Tensor, array: np.ndarray) -> None:
         want = numpy_dtype(tensor.type)

@@ -27,10 +27,10 @@ from pyggspec.ggml.context import Context
 from pyggspec.ggml.sched import Graph, GraphCache, Scheduler
 from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache
+from pyggspec.modelfile import HParams
 from pyggspec.models import layers
 from pyggspec.models.layers import AttnInputs, Builder
 from pyggspec.models.qwen35 import kv_window
-from pyggspec.modelfile import HParams
 
 GRAPH_SIZE = 2048
 
@@ -241,7 +241,7 @@ class Mtp:
         end = int((mb.pos0 + T).max())
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), tuple(mb.slots), len(mb.outputs),
                          self.device_argmax)
-        build: Callable = lambda s: MtpGraph(self.hp, self.weights, self.kv, s)  # noqa: E731
+        build: Callable = lambda s: MtpGraph(self.hp, self.weights, self.kv, s)
         g = self.graphs.get(shape, build)
         self.sched.alloc(g.graph)
         t_alloc = time.perf_counter()

@@ -16,9 +16,9 @@ from pyggspec.ggml.context import Context
 from pyggspec.ggml.sched import Graph, GraphCache, Scheduler
 from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache, RecurrentState
+from pyggspec.modelfile import HParams
 from pyggspec.models import layers
 from pyggspec.models.layers import AttnInputs, Builder, RecurrentInputs
-from pyggspec.modelfile import HParams
 
 KV_PAD = 256  # attended cache window grows in steps of this many cells (graph reuse)
 GRAPH_SIZE = 16384
@@ -146,7 +146,7 @@ class TargetGraph:
     def set_inputs(self, ub: UBatch, n_ctx: int) -> None:
         if not self._bound:
             self._bind()
-        T, B = self.shape.n_seq_tokens, self.shape.n_seqs
+        T, _B = self.shape.n_seq_tokens, self.shape.n_seqs
         self._tokens[:] = ub.tokens.reshape(-1)
         pos = (ub.pos0[:, None] + np.arange(T)[None, :])  # [B, T]
         self._pos[:3] = pos.reshape(-1)
