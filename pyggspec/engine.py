@@ -435,7 +435,7 @@ class Engine:
             t_step = time.perf_counter()
             device_ms = self._device_ms()
             if self.spec_type:
-                speculative_step(self, self.drafter, seqs, self.spec, stats, greedy, is_stop)
+                speculative_step(self, self.drafter, seqs, self.spec, stats, None, is_stop)
             else:
                 self._plain_step(seqs, greedy, is_stop)
             # the host share of the step: wall time minus graph compute and graph builds
@@ -480,12 +480,18 @@ class Engine:
         return seqs
 
     def _plain_step(self, seqs, sample, is_stop) -> None:
-        """One token for every live sequence, in one batch."""
+        """One token for every live sequence in one ubatch (B x 1), greedy in the graph."""
         live = [s for s in seqs if not s.done]
-        res = self.decode({s.slot: [s.pending] for s in live}, logits="last")
-        for s in live:
+        B = len(live)
+        rows = np.array([self.rs.row(s.slot) for s in live], np.int32)
+        ub = UBatch(np.array([[s.pending] for s in live], np.int32),
+                    np.array([s.pos for s in live], np.int64), tuple(s.slot for s in live),
+                    np.arange(B, dtype=np.int32), state_src=rows, state_dst=rows[None, :],
+                    argmax=True)
+        ids = self.target.run(ub, copy=False).ids
+        for b, s in enumerate(live):
             s.pos += 1
-            t = sample(s.slot, res[s.slot].logits[-1])
+            t = int(ids[b])
             if is_stop(t):
                 s.done, s.stop_reason = True, "eos"
                 continue

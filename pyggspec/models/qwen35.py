@@ -35,6 +35,7 @@ class UBatchShape:
     n_outputs: int  # rows of logits wanted (== n_tokens means all)
     hidden: bool  # also read back h_nextn for every token
     n_write: int = 1  # recurrent states written per sequence: 1 (final) or T (snapshots)
+    argmax: bool = False  # greedy ids computed in the graph; logits stay on the device
 
 
 @dataclass
@@ -48,12 +49,14 @@ class UBatch:
     hidden: bool = False
     state_src: np.ndarray | None = None  # int32 [B]: recurrent rows to read
     state_dst: np.ndarray | None = None  # int32 [n_write, B]: rows for the new states
+    argmax: bool = False  # return greedy ids (in-graph argmax) instead of logits
 
 
 @dataclass
 class StepResult:
     logits: np.ndarray  # float32 [n_out, n_vocab]
     hidden: np.ndarray | None  # float32 [n_tokens, n_embd] (post output_norm) or None
+    ids: np.ndarray | None = None  # int32 [n_out]: in-graph argmax (ties: lowest id)
 
 
 def kv_window(max_pos_end: int, n_ctx: int) -> int:
@@ -107,8 +110,13 @@ class TargetGraph:
                 sel = ctx.get_rows(h, self.out_ids)
             b.cb(sel, "result_norm")
             self.logits = b.cb(ctx.mul_mat(weights.get("output.weight"), sel), "result_output")
-            self.logits.set_output()
-            graph.expand(self.logits)
+            self.ids = None
+            if shape.argmax:  # only ids come back: n_out ints instead of n_out x n_vocab floats
+                self.ids = b.cb(ctx.argmax(self.logits), "result_argmax").set_output()
+                graph.expand(self.ids)
+            else:
+                self.logits.set_output()
+                graph.expand(self.logits)
             self.hidden = None
             if shape.hidden:
                 self.hidden = h.set_output()
@@ -125,7 +133,9 @@ class TargetGraph:
         self._src = np.zeros(B, dtype=np.int32)
         self._dst = np.zeros((shape.n_write, B), dtype=np.int32)
         self._out_ids = np.zeros(shape.n_outputs, dtype=np.int32)
-        self._logits = np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
+        self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
+                        if not shape.argmax else None)
+        self._ids = np.zeros(shape.n_outputs, dtype=np.int32)
         self._hidden = (np.zeros((n_tok, h.ne[0]), dtype=np.float32) if shape.hidden else None)
         self._cells = np.arange(shape.n_kv, dtype=np.int64)
         self._visible = np.zeros((B, T, shape.n_kv), dtype=bool)
@@ -139,7 +149,8 @@ class TargetGraph:
         if self.out_ids is not None:
             ins.append(HostBinding(self.out_ids, self._out_ids))
         self._inputs = ins
-        self._logits_out = HostBinding(self.logits, self._logits)
+        self._logits_out = (HostBinding(self.ids, self._ids) if self.ids is not None
+                            else HostBinding(self.logits, self._logits))
         self._hidden_out = HostBinding(self.hidden, self._hidden) if self.hidden else None
         self._bound = True
 
@@ -164,7 +175,8 @@ class TargetGraph:
             b.push()
 
     def read_outputs(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """Logits [n_out, n_vocab] and hidden rows; these arrays are reused by the next step."""
+        """Logits [n_out, n_vocab] (or ids [n_out] with in-graph argmax) and hidden rows;
+        these arrays are reused by the next step."""
         logits = self._logits_out.pull()
         hidden = self._hidden_out.pull() if self._hidden_out is not None else None
         return logits, hidden
@@ -193,7 +205,7 @@ class Target:
         end = int((ub.pos0 + T).max())
         n_write = 1 if ub.state_dst is None else ub.state_dst.shape[0]
         return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), tuple(ub.slots),
-                           len(ub.outputs), ub.hidden, n_write)
+                           len(ub.outputs), ub.hidden, n_write, ub.argmax)
 
     def run(self, ub: UBatch, copy: bool = True) -> StepResult:
         """Evaluate one ubatch. ``copy=False`` returns arrays the next step overwrites.
@@ -216,8 +228,11 @@ class Target:
         self.sched.compute(g.graph)
         t2 = time.perf_counter()
         logits, hidden = g.read_outputs()
+        ids = None
+        if shape.argmax:
+            ids, logits = logits, None
         if copy:
-            logits = logits.copy()
+            logits = logits.copy() if logits is not None else None
             hidden = hidden.copy() if hidden is not None else None
         T = shape.n_seq_tokens
         for b, slot in enumerate(ub.slots):
@@ -227,7 +242,7 @@ class Target:
         self.last_build_ms = (t_alloc - t0) * 1000
         self.compute_ms_total += (t2 - t1) * 1000
         self.build_ms_total += self.last_build_ms
-        return StepResult(logits, hidden)
+        return StepResult(logits, hidden, ids.copy() if ids is not None else None)
 
     def close(self) -> None:
         self.graphs.clear()

@@ -1,1 +1,96 @@
-"""Sampler chains that run partly in the ggml graph and finish on the host (placeholder)."""
+"""Sampler chains that run partly in the ggml graph and finish on the host, token-identical.
+
+Chain
+    ``SamplingParams`` (llama.cpp names and defaults) resolves to stages: logit bias first,
+    then ``--samplers`` in order (penalties, top_k, typ_p, top_p, min_p, temperature; dry,
+    top_n_sigma, xtc, infill, adaptive_p are not implemented and, with their parameters at
+    llama.cpp's disabled defaults, are no-ops), disabled members dropped, then ``dist``.
+    Temperature <= 0 is ``greedy``; top_k/top_p/min_p are then dropped because they always
+    keep a maximum and cannot change an argmax under the tie rule.
+
+Exactness (why the graph and the host pick the same token)
+    * Only IEEE float32 add/sub/mul, negation, ``step`` (x > 0), ``log`` of exactly 0 or 1,
+      copies and integer-valued sums run in the graph; the host does the same operations on
+      the same float32 values, so every intermediate value is bit-identical. No division
+      (CUDA builds use fast-math), no exp, no fused scale+bias on non-{0,1} values.
+    * Temperature multiplies by ``float32(1/temp)``; the repeat penalty multiplies by
+      ``float32(1/penalty)`` or ``float32(penalty)`` chosen by sign with an exact 0/1 select
+      (llama.cpp divides; the results differ from llama.cpp's in the last bit, not between
+      our two paths). Frequency/presence amounts are computed on the host in float32.
+    * min_p is a logit-space threshold: keep l >= max + float32(log p); the max is the value
+      at ggml_argmax (whatever its tie rule), the comparison is ``step(-(l - thr))``.
+    * Ties go to the lowest id. ggml's CPU argmax returns the *last* maximum and top_k's
+      order among ties is unspecified, so the graph never relies on either: the argmax marks
+      all maxima (l - max == 0), weights them by V - id (exact in float32) and takes the
+      argmax of that unique maximum. top_k returns its k ids plus the count of logits >= the
+      k-th largest; more than k means a boundary tie, and the host re-selects from the full
+      row (rare, logged once, counted in stats).
+    * top_p and typical_p threshold cumulative sums of exponentials, whose last bits differ
+      between ggml and numpy and could move the cut; they run on the host only, in float64
+      over the candidates sorted by (logit desc, id asc), so their result depends only on
+      the candidate set, not on where it came from.
+    * ``dist`` is Gumbel-max: argmax(l + g). The noise g for token id i of the n-th sampled
+      token is a pure function of (seed, n, i) (SplitMix64 counter hash -> float32 Gumbel,
+      computed on the host only). The graph adds a full-width noise input; the host adds the
+      same values for its candidates. One draw per emitted token, whichever path runs and
+      however many verify rows were evaluated, so speculative decoding stays lossless and a
+      chain's RNG state is just a counter (``snapshot``/``restore``).
+    * Limits: NaN logits are undefined; backends that flush denormals (CUDA fast-math) could
+      differ for |logit| < 1.2e-38.
+
+Planning and fallback
+    ``plan_chain`` probes each stage's ops with ``ggml_backend_dev_supports_op`` at the real
+    ``[n_vocab, n_rows]`` shape on the output device; the longest supported prefix runs in
+    the graph, a top_k or token-choosing stage ends it. What comes back is the chosen id,
+    k candidates (ids + logits), or (when the prefix ends on a host-only stage) the
+    filtered logits. Backend sampling off, a split output layer, an unsupported op, or a
+    failed device call (``DeviceSampling.fail``) send the chain (or its rest) to the host;
+    each reason is logged once on logger ``pyggspec.sampling`` and counted in stats.
+    ``force_unsupported("TOP_K")`` is the test hook.
+
+API
+    ``SamplerChain(params, n_vocab)`` per sequence (``accept``, ``accept_prompt``,
+    ``snapshot``/``restore``); ``sample_host(chain, logits_row, prefix=())``;
+    ``plan_chain(params, device, n_vocab, n_rows, backend_sampling)``;
+    ``DeviceSampling.build(ctx, graph, logits, plan, rows_per_seq)`` then per step
+    ``set_inputs(rows)`` before compute and ``finish_host(rows)`` after it, with ``rows`` a
+    list of ``RowInput(chain, prefix)`` (prefix = drafts before that verify row).
+"""
+
+from pyggspec.sampling.chain import (
+    ChainState,
+    DeviceSampling,
+    RowInput,
+    SamplerChain,
+    SamplingPlan,
+    SamplingStats,
+    finish_host,
+    force_unsupported,
+    plan_chain,
+    sample_host,
+)
+from pyggspec.sampling.params import (
+    DEFAULT_SAMPLERS,
+    SamplingOptions,
+    SamplingParams,
+    sampling_options,
+)
+from pyggspec.sampling.stages import gumbel_noise
+
+__all__ = [
+    "DEFAULT_SAMPLERS",
+    "ChainState",
+    "DeviceSampling",
+    "RowInput",
+    "SamplerChain",
+    "SamplingOptions",
+    "SamplingParams",
+    "SamplingPlan",
+    "SamplingStats",
+    "finish_host",
+    "force_unsupported",
+    "gumbel_noise",
+    "plan_chain",
+    "sample_host",
+    "sampling_options",
+]

@@ -355,7 +355,7 @@ class DeviceSampling:
         """Pair inputs/outputs with host arrays (needs the graph allocated)."""
         self._in: list[HostBinding] = []
         for name, t in self.inputs.items():
-            arr = np.zeros(tuple(reversed(t.shape)), dtype=np.int32 if t.type.name == "I32"
+            arr = np.zeros((t.ne[1], t.ne[0]), dtype=np.int32 if t.type.name == "I32"
                            else np.float32)
             self._arrays[name] = arr if name == "noise" else arr.reshape(-1)
             self._in.append(HostBinding(t, arr))
@@ -363,8 +363,8 @@ class DeviceSampling:
         for name, t in self.outputs.items():
             if name in ("pre_top_k", "logits") and self.plan.output == "candidates":
                 continue
-            arr = np.zeros(tuple(reversed(t.shape)), dtype=np.int32 if t.type.name == "I32"
-                           else np.float32)
+            shape = (t.ne[0],) if name == "token" else (t.ne[1], t.ne[0])  # [row, ...]
+            arr = np.zeros(shape, dtype=np.int32 if t.type.name == "I32" else np.float32)
             self._out[name] = HostBinding(t, arr)
         self._bound = True
         self.stats.buffer_bytes = sum(self.buffer_bytes.values())
@@ -463,7 +463,7 @@ class DeviceSampling:
         ids, vals = pulled["cand_ids"][r], pulled["cand_logits"][r]
         k = len(ids)
         t = vals.min()
-        if int(pulled["n_ge"].reshape(-1)[r]) > k and t > -np.inf:
+        if int(pulled["n_ge"][r, 0]) > k and t > -np.inf:
             # a tie at the k-th logit: the device picked some tied ids, the rule wants the
             # lowest, so take the full row (rare; counted)
             self.stats.fallback("top_k tie at the boundary: full row read")

@@ -93,16 +93,17 @@ class SeqState:
 Sampler = Callable[[int, np.ndarray], int]  # (slot, logits row) -> token
 
 
-def accept(drafts: list[int], rows: np.ndarray, sample: Callable[[np.ndarray], int],
+def accept(drafts: list[int], choose: Callable[[int], int],
            is_stop: Callable[[int], bool]) -> tuple[list[int], int, bool]:
-    """Sample rows in order until a sample differs from the draft.
+    """The target's choice at verify row i is ``choose(i)``; take rows in order until a
+    choice differs from the draft.
 
     Returns (emitted tokens, accepted draft count n, stopped at a stop token). The stop
     token itself is not emitted.
     """
     emitted: list[int] = []
     for i in range(len(drafts) + 1):
-        y = sample(rows[i])
+        y = choose(i)
         if is_stop(y):
             return emitted, i, True
         emitted.append(y)
@@ -112,8 +113,13 @@ def accept(drafts: list[int], rows: np.ndarray, sample: Callable[[np.ndarray], i
 
 
 def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: SpecConfig,
-                     stats: SpecStats, sample: Sampler, is_stop: Callable[[int], bool]) -> None:
-    """Advance every live sequence by one draft/verify/accept step (in one batch each)."""
+                     stats: SpecStats, sample: Sampler | None,
+                     is_stop: Callable[[int], bool]) -> None:
+    """Advance every live sequence by one draft/verify/accept step (in one batch each).
+
+    ``sample=None`` means greedy in the graph: only token ids come back from the verify
+    batch, not its logits.
+    """
     live = [s for s in seqs if not s.done]
     if not live:
         return
@@ -146,18 +152,25 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
         spare = [rs.spare_planes(s.slot)[0] for s in live]
         dst = np.array([[rs.row(s.slot, spare[b]) for b, s in enumerate(live)]], np.int32)
     ub = UBatch(tokens, np.array([s.pos for s in live], np.int64), tuple(s.slot for s in live),
-                np.arange(B * T, dtype=np.int32), hidden=True, state_src=src, state_dst=dst)
+                np.arange(B * T, dtype=np.int32), hidden=True, state_src=src, state_dst=dst,
+                argmax=sample is None)
     res = engine.target.run(ub, copy=False)
     stats.n_target_evals += 1
-    logits = res.logits.reshape(B, T, -1)
     hidden = res.hidden.reshape(B, T, -1)
+    if sample is None:
+        ids = res.ids.reshape(B, T)
+    else:
+        logits = res.logits.reshape(B, T, -1)
 
     # 3. accept and roll back each sequence on its own
     replay: dict[int, list[int]] = {}
     for b, s in enumerate(live):
         d = drafts[s.slot].tokens
-        emitted, n, stopped = accept(d, logits[b], lambda row, slot=s.slot: sample(slot, row),
-                                     is_stop)
+        if sample is None:
+            choose = ids[b].__getitem__
+        else:
+            choose = (lambda i, b=b, slot=s.slot: sample(slot, logits[b, i]))
+        emitted, n, stopped = accept(d, lambda i, c=choose: int(c(i)), is_stop)
         stats.record(len(d), min(n, len(d)))
         emitted = emitted[: s.budget]
         s.out.extend(emitted)
