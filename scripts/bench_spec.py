@@ -79,7 +79,7 @@ def run_llamacpp(path: Path, n: int, threads: int, n_max: int | None) -> dict | 
         if exe is None:
             return None
         cmd = [str(exe), *common]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     log = p.stdout + p.stderr
     if p.returncode != 0:
         raise RuntimeError(f"{exe.name} failed ({p.returncode}):\n{log[-2000:]}")

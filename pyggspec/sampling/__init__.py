@@ -51,7 +51,8 @@ Planning and fallback
 API
     ``SamplerChain(params, n_vocab)`` per sequence (``accept``, ``accept_prompt``,
     ``snapshot``/``restore``); ``sample_host(chain, logits_row, prefix=())``;
-    ``plan_chain(params, device, n_vocab, n_rows, backend_sampling)``;
+    ``plan_chain(params, device, n_vocab, n_rows, backend_sampling)`` (``plan_chains`` for
+    several sequences sharing one graph);
     ``DeviceSampling.build(ctx, graph, logits, plan, rows_per_seq)`` then per step
     ``set_inputs(rows)`` before compute and ``finish_host(rows)`` after it, with ``rows`` a
     list of ``RowInput(chain, prefix)`` (prefix = drafts before that verify row).
@@ -67,6 +68,7 @@ from pyggspec.sampling.chain import (
     finish_host,
     force_unsupported,
     plan_chain,
+    plan_chains,
     sample_host,
 )
 from pyggspec.sampling.params import (
@@ -91,6 +93,7 @@ __all__ = [
     "force_unsupported",
     "gumbel_noise",
     "plan_chain",
+    "plan_chains",
     "sample_host",
     "sampling_options",
 ]

@@ -259,6 +259,25 @@ def plan_chain(params: SamplingParams, device: Device | None, n_vocab: int, n_ro
     return plan
 
 
+def plan_chains(params: Sequence[SamplingParams], device: Device | None, n_vocab: int,
+                n_rows: int, backend_sampling: bool, *, output_split: bool = False,
+                stats: SamplingStats | None = None) -> SamplingPlan:
+    """One plan for a graph shared by several sequences. Their values (temperature, seed,
+    penalties, ...) may differ; their stage structure may not (the graph has one shape), so
+    differing structures send every sequence to the host (logged, counted)."""
+    if not params:
+        raise ValueError("no sequences")
+    sigs = {tuple(st.signature() for st in S.resolve_stages(p, n_vocab)) for p in params}
+    if len(sigs) > 1 and backend_sampling:
+        plan = plan_chain(params[0], device, n_vocab, n_rows, False, stats=stats)
+        reason = "sequences have sampler chains of different structure"
+        if stats is not None:
+            stats.fallback(reason)
+        return SamplingPlan(plan.stages, 0, device, n_vocab, n_rows, (reason,))
+    return plan_chain(params[0], device, n_vocab, n_rows, backend_sampling,
+                      output_split=output_split, stats=stats)
+
+
 # --- the graph part ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RowInput:
