@@ -122,7 +122,8 @@ class Engine:
                                             f"{hp.n_layer_nextn}); pass --spec-draft-model "
                                             "mtp-….gguf")
                     grafted = True
-            names = [d.name for d in devices()]
+            # a registered RPC device whose server is gone cannot take layers
+            names = [d.name for d in devices() if d.reachable()]
             self.placement = plan_placement(trunk, names, n_gpu_layers, device, override_tensor,
                                             cpu_moe, include_mtp=grafted)
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,

@@ -29,12 +29,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def rpc():
-    """A loopback RPC server's device (the second device of DESIGN §5)."""
-    if not device.has_rpc():
-        pytest.skip("llama-cpp-python built without RPC")
-    with device.RpcServer() as server:
-        yield device.add_rpc_server(server.endpoint)[0]
+def rpc(rpc_device):
+    """A loopback RPC server's device (the second device of DESIGN §5), shared per session."""
+    return rpc_device
 
 
 def _file_bytes(model: Model, key: str) -> np.ndarray:
