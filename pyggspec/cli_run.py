@@ -14,6 +14,7 @@ import click
 
 from pyggspec.cli import CONTEXT_SETTINGS, _parse_ngl, _parse_overrides, fmt_bytes, main
 from pyggspec.errors import PyggspecError
+from pyggspec.sampling import SamplingOptions, sampling_options
 
 
 def _parse_prompt_tokens(value: str | None) -> list[int] | None:
@@ -113,9 +114,7 @@ def _spec_lines(stats: dict) -> list[str]:
               default="f16", show_default=True, help="MTP head KV cache type (K).")
 @click.option("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", "mtp_type_v",
               default="f16", show_default=True, help="MTP head KV cache type (V).")
-@click.option("--spec-draft-backend-sampling/--no-spec-draft-backend-sampling",
-              "draft_backend_sampling", default=True, show_default=True,
-              help="Draft argmax and probability in the MTP graph (else on the host).")
+@sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
 def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         prompt_tokens: str | None, chat: bool, system_prompt: str | None, n_predict: int,
@@ -123,9 +122,12 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         ngl: str | None, device: str | None, overrides: tuple[str, ...], cpu_moe: bool,
         type_k: str, type_v: str, rpc: str | None, no_mmap: bool, ignore_eos: bool,
         spec_type: str, draft_model: Path | None, n_max: int, n_min: int, p_min: float,
-        rollback: str, mtp_type_k: str, mtp_type_v: str, draft_backend_sampling: bool,
+        rollback: str, mtp_type_k: str, mtp_type_v: str, sampling: SamplingOptions,
         as_json: bool) -> None:
-    """Generate text from MODEL (greedy), optionally with MTP speculative decoding."""
+    """Generate text from MODEL, optionally with MTP speculative decoding.
+
+    Sampling follows llama.cpp's flags and defaults (--temp 0.8 ...; --temp 0 is greedy).
+    """
     from pyggspec.engine import Engine
     from pyggspec.speculative.loop import SpecConfig
 
@@ -165,7 +167,8 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
                 override_tensor=_parse_overrides(overrides), cpu_moe=cpu_moe, type_k=type_k,
                 type_v=type_v, use_mmap=not no_mmap, progress=None if not as_json else False,
                 spec_type=spec_type, spec=spec, mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v,
-                draft_backend_sampling=draft_backend_sampling) as engine:
+                draft_backend_sampling=sampling.draft_backend_sampling,
+                sampling=sampling.params, backend_sampling=sampling.backend_sampling) as engine:
         if ids is not None:
             inputs: list = [ids]
         else:
@@ -196,12 +199,14 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         memory = engine.memory()
         stats = engine.stats.to_dict() if engine.spec_type else None
         rollback_used = engine.rollback
+        sampling_stats = engine.samplers.stats.to_dict() if engine.samplers else {}
     res = results[0]
     if as_json:
         out = res.to_dict() if n_parallel == 1 else {
             "results": [r.to_dict() for r in results],
             "timings": res.timings.to_dict()}
         out["memory"] = memory
+        out["sampling"] = sampling_stats
         out["model"] = str(model)
         out["demo"] = demo
         if stats is not None:
@@ -219,6 +224,13 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         sys.stdout.write("\n")
     for line in _timings_lines(res, memory):
         click.echo(line, err=True)
+    if sampling_stats:
+        dev = sampling_stats.get("device") or "host"
+        click.echo(f"sampling   : device {dev} {sampling_stats['device_stages']}, host "
+                   f"{sampling_stats['host_stages']}, "
+                   f"{sampling_stats['bytes_d2h_per_token']:.0f} B/token to host"
+                   + (f", fallbacks {sampling_stats['fallbacks']}"
+                      if sampling_stats["fallbacks"] else ""), err=True)
     if stats is not None:
         for line in _spec_lines(stats):
             click.echo(line, err=True)

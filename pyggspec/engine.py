@@ -21,6 +21,8 @@ from pyggspec.ggml.sched import Scheduler
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import open_model
 from pyggspec.models.qwen35 import StepResult, Target, UBatch
+from pyggspec.sampling import SamplingParams
+from pyggspec.sampling.session import SequenceSamplers
 from pyggspec.speculative.loop import SpecConfig, SpecStats
 
 
@@ -85,7 +87,8 @@ class Engine:
                  use_mmap: bool = True, load_tokenizer: bool = True,
                  progress: bool | None = None, spec_type: str | None = None,
                  spec: SpecConfig | None = None, mtp_type_k: str = "f16",
-                 mtp_type_v: str = "f16", draft_backend_sampling: bool = True) -> None:
+                 mtp_type_v: str = "f16", draft_backend_sampling: bool = True,
+                 sampling: SamplingParams | None = None, backend_sampling: bool = False) -> None:
         from pyggspec.weights import load_weights, plan_placement
 
         if n_ctx < 1 or n_parallel < 1 or n_ubatch < 1 or n_batch < n_ubatch:
@@ -109,6 +112,9 @@ class Engine:
                 raise PyggspecError("--spec-type", f"unsupported speculative type {spec_type!r} "
                                     "(none, draft-mtp)")
             self.spec_type = "draft-mtp" if spec_type == "draft-mtp" else None
+            self.sampling = sampling or SamplingParams(temp=0.0)
+            self.backend_sampling = backend_sampling
+            self.samplers: SequenceSamplers | None = None
             self.spec = spec or SpecConfig()
             grafted = False
             if self.spec_type:
@@ -126,6 +132,16 @@ class Engine:
             names = [d.name for d in devices() if d.reachable()]
             self.placement = plan_placement(trunk, names, n_gpu_layers, device, override_tensor,
                                             cpu_moe, include_mtp=grafted)
+            if self.spec_type:
+                rpc_used = sorted({d for d in self.placement.tensor_devices.values()
+                                   if get_device(d).is_rpc})
+                if rpc_used:
+                    # Known issue: the draft and verify graphs on an RPC device make the rpc
+                    # server fail a shape check (GGML_ASSERT in rms_norm) and abort; refuse
+                    # cleanly until that is fixed instead of crashing.
+                    raise PyggspecError(rpc_used[0], "speculative decoding with weights on an "
+                                        "RPC device is not supported yet; use -ngl 0 or a "
+                                        "local device")
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
                                         progress=progress)
             self._closers.append(self.weights)
@@ -392,8 +408,8 @@ class Engine:
         return self.tokenizer.is_eog
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
-                       ignore_eos: bool = False,
-                       on_tokens=None) -> list[GenerationResult]:
+                       ignore_eos: bool = False, on_tokens=None,
+                       sampling: SamplingParams | None = None) -> list[GenerationResult]:
         """Generate for several prompts at once, one sequence slot each, in shared batches.
 
         With ``spec_type="draft-mtp"`` every sequence speculates with its own drafts and
@@ -413,17 +429,16 @@ class Engine:
                 raise PyggspecError(None, f"prompt {i} of {len(toks)} tokens does not fit the "
                                     f"context ({self.n_ctx}); raise -c")
         is_stop = self._is_stop(ignore_eos)
-
-        def greedy(slot: int, row: np.ndarray) -> int:
-            return int(np.argmax(row))
-
+        self.samplers = samplers = self.make_samplers(sampling)
+        for slot, toks in ids.items():
+            samplers.start(slot, toks)
         self.stats = stats = SpecStats()
         timings = Timings()
         t0 = time.perf_counter()
         if self.spec_type:
-            seqs = prefill(self, self.drafter, ids, stats, greedy, is_stop, max_tokens)
+            seqs = prefill(self, self.drafter, ids, stats, samplers, is_stop, max_tokens)
         else:
-            seqs = self._plain_prefill(ids, greedy, is_stop, max_tokens)
+            seqs = self._plain_prefill(ids, samplers, is_stop, max_tokens)
         timings.prompt_n = sum(len(t) for t in ids.values())
         timings.prompt_ms = (time.perf_counter() - t0) * 1000
         if on_tokens:
@@ -436,9 +451,9 @@ class Engine:
             t_step = time.perf_counter()
             device_ms = self._device_ms()
             if self.spec_type:
-                speculative_step(self, self.drafter, seqs, self.spec, stats, None, is_stop)
+                speculative_step(self, self.drafter, seqs, self.spec, stats, samplers, is_stop)
             else:
-                self._plain_step(seqs, greedy, is_stop)
+                self._plain_step(seqs, samplers, is_stop)
             # the host share of the step: wall time minus graph compute and graph builds
             timings.python_ms.append((time.perf_counter() - t_step) * 1000
                                      - (self._device_ms() - device_ms))
@@ -455,13 +470,22 @@ class Engine:
                                         timings))
         return out
 
+    def make_samplers(self, sampling: SamplingParams | None = None) -> SequenceSamplers:
+        """Sampler chains for one generation, planned against the output device."""
+        out_dev = get_device(self.placement.output_device)
+        split = len({self.placement.output_device,
+                     self.placement.tensor_devices.get("output_norm.weight", "CPU")}) > 1
+        return SequenceSamplers(sampling or self.sampling, self.n_vocab, out_dev,
+                                self.backend_sampling, self.target.register_plan,
+                                output_split=split)
+
     def _device_ms(self) -> float:
         total = self.target.compute_ms_total + self.target.build_ms_total
         if self.mtp is not None:
             total += self.mtp.compute_ms_total + self.mtp.build_ms_total
         return total
 
-    def _plain_prefill(self, ids: dict[int, list[int]], sample, is_stop, max_tokens: int):
+    def _plain_prefill(self, ids: dict[int, list[int]], samplers, is_stop, max_tokens: int):
         from pyggspec.speculative.loop import SeqState
 
         for slot in ids:
@@ -469,30 +493,36 @@ class Engine:
         res = self.decode(ids, logits="last")
         seqs = []
         for slot, toks in ids.items():
-            t = sample(slot, res[slot].logits[-1])
+            t = samplers.choose(slot, res[slot].logits[-1])
             s = SeqState(slot, len(toks), t, [], np.zeros((0, 0), np.float32), 0, max_tokens)
             if is_stop(t):
                 s.done, s.stop_reason = True, "eos"
             else:
+                samplers.accept(slot, t)
                 s.out.append(t)
                 s.budget -= 1
                 s.done = s.budget <= 0
             seqs.append(s)
         return seqs
 
-    def _plain_step(self, seqs, sample, is_stop) -> None:
-        """One token for every live sequence in one ubatch (B x 1), greedy in the graph."""
+    def _plain_step(self, seqs, samplers, is_stop) -> None:
+        """One token for every live sequence in one ubatch (B x 1)."""
         live = [s for s in seqs if not s.done]
         B = len(live)
         rows = np.array([self.rs.row(s.slot) for s in live], np.int32)
+        plan = samplers.plan_id(B)
         ub = UBatch(np.array([[s.pending] for s in live], np.int32),
                     np.array([s.pos for s in live], np.int64), tuple(s.slot for s in live),
                     np.arange(B, dtype=np.int32), state_src=rows, state_dst=rows[None, :],
-                    argmax=True)
-        ids = self.target.run(ub, copy=False).ids
+                    sampling=plan, rows=samplers.rows([(s.slot, ()) for s in live]) if plan
+                    else None)
+        res = self.target.run(ub, copy=False)
         for b, s in enumerate(live):
             s.pos += 1
-            t = int(ids[b])
+            t = (int(res.ids[b]) if res.ids is not None
+                 else samplers.choose(s.slot, res.logits[b]))
+            if not is_stop(t):
+                samplers.accept(s.slot, t)
             if is_stop(t):
                 s.done, s.stop_reason = True, "eos"
                 continue

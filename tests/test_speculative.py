@@ -100,8 +100,9 @@ def test_first_draft_equals_llamacpp_mtp(spec_dir):
                 spec=SpecConfig(n_max=1)) as e:
         from pyggspec.speculative.loop import prefill
 
-        seqs = prefill(e, e.drafter, {0: prompt}, e.stats, lambda s, r: int(r.argmax()),
-                       lambda x: False, 10)
+        samplers = e.make_samplers()
+        samplers.start(0, prompt)
+        seqs = prefill(e, e.drafter, {0: prompt}, e.stats, samplers, lambda x: False, 10)
         from pyggspec.speculative.draft_mtp import DraftRequest
 
         s = seqs[0]
@@ -157,7 +158,7 @@ def test_model_without_mtp_head_is_a_clear_error(spec_dir):
                        "--spec-draft-model"):
         Engine(path, spec_type="draft-mtp")
     r = CliRunner().invoke(main, ["run", "-m", str(path), "-p", "hi", "--spec-type",
-                                  "draft-mtp"])
+                                  "draft-mtp", "-ngl", "0"])
     assert r.exit_code == 1
     assert r.output.strip().startswith(f"pyggspec: {path}: no MTP head")
 
@@ -166,7 +167,7 @@ def test_cli_spec_json(spec_dir):
     path = agreement_model(spec_dir, "dense", 0.8)
     r = CliRunner().invoke(main, ["run", "-m", str(path), "--prompt-tokens", "300,301",
                                   "-n", "20", "--ignore-eos", "--spec-type", "draft-mtp",
-                                  "--spec-draft-n-max", "2", "--json"])
+                                  "--spec-draft-n-max", "2", "--json", "-ngl", "0"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     spec = d["spec"]
@@ -178,5 +179,53 @@ def test_cli_spec_json(spec_dir):
     assert d["timings"]["draft_n_accepted"] == spec["n_accepted"]
     assert d["n_gen"] == 20
     r2 = CliRunner().invoke(main, ["run", "-m", str(path), "--prompt-tokens", "300,301",
-                                   "-n", "20", "--ignore-eos", "--json"])
+                                   "-n", "20", "--ignore-eos", "--json", "-ngl", "0"])
     assert json.loads(r2.output)["tokens"] == d["tokens"]
+
+
+@pytest.mark.parametrize("backend_sampling", [False, True])
+def test_sampled_decoding_is_lossless(spec_dir, backend_sampling):
+    """Same seed => same tokens with and without speculation, host or device sampling."""
+    from pyggspec.sampling import SamplingParams
+
+    # a random-weight model: flat enough logits that sampling differs from greedy
+    path = cached_model(tiny_dense(dtype="f32"), spec_dir)
+    params = SamplingParams(temp=1.0, top_k=40, top_p=0.95, min_p=0.0, seed=7,
+                            repeat_penalty=1.1)
+    outs = []
+    for spec_type in (None, "draft-mtp"):
+        with Engine(path, n_ctx=256, n_parallel=3, n_threads=2, spec_type=spec_type,
+                    sampling=params, backend_sampling=backend_sampling) as e:
+            outs.append([r.tokens for r in e.generate_batch(PROMPTS[:3], max_tokens=30,
+                                                            ignore_eos=True)])
+            if spec_type:
+                assert e.stats.n_drafted > 0
+            if backend_sampling:
+                assert e.samplers.stats.device == "CPU"
+    assert outs[0] == outs[1]
+    plain = plain_outputs(path, PROMPTS[:3], 30)
+    assert outs[0] != plain  # it really sampled
+
+
+def test_cli_backend_sampling_identical_tokens(spec_dir):
+    path = agreement_model(spec_dir, "dense", 0.7)
+    base = ["run", "-m", str(path), "-p", "The quick brown fox", "-n", "24", "--ignore-eos",
+            "--temp", "0.8", "--top-k", "40", "--top-p", "0.95", "--seed", "1", "--json",
+            "-ngl", "0"]
+    res = {}
+    for flag in ("--backend-sampling", "--no-backend-sampling"):
+        r = CliRunner().invoke(main, [*base, flag])
+        assert r.exit_code == 0, r.output
+        res[flag] = json.loads(r.output)
+    assert res["--backend-sampling"]["tokens"] == res["--no-backend-sampling"]["tokens"]
+    on, off = res["--backend-sampling"]["sampling"], res["--no-backend-sampling"]["sampling"]
+    assert on["device"] == "CPU" and "top_k" in on["device_stages"]
+    assert off["device"] is None and "dist" in off["host_stages"]
+    assert on["bytes_d2h_per_token"] < off["bytes_d2h_per_token"]
+
+
+def test_spec_with_rpc_offload_is_refused_cleanly(spec_dir, rpc_device):
+    """Known limitation (see engine.py): refused with a clear error, never an abort."""
+    path = agreement_model(spec_dir, "dense", 0.8)
+    with pytest.raises(PyggspecError, match="RPC device is not supported yet"):
+        Engine(path, n_gpu_layers=2, device=rpc_device.name, spec_type="draft-mtp")

@@ -71,13 +71,20 @@ class Device:
         return self.backend_name == "RPC"
 
     def reachable(self) -> bool:
-        """False for an RPC device whose server is gone (ggml would abort on any call)."""
+        """False for an RPC device whose server is gone (ggml would abort on any call).
+
+        An rpc-server serves one client at a time with a tiny listen backlog, so a live
+        server that this process is connected to may not complete new handshakes: a
+        connect that times out counts as alive; only a refused or failed connect is dead.
+        """
         if not self.is_rpc:
             return True
         host, _, port = self.description.rpartition(":")
         try:
-            with socket.create_connection((host, int(port)), timeout=2):
+            with socket.create_connection((host, int(port)), timeout=0.5):
                 return True
+        except TimeoutError:
+            return True
         except (OSError, ValueError):
             return False
 

@@ -35,7 +35,7 @@ class UBatchShape:
     n_outputs: int  # rows of logits wanted (== n_tokens means all)
     hidden: bool  # also read back h_nextn for every token
     n_write: int = 1  # recurrent states written per sequence: 1 (final) or T (snapshots)
-    argmax: bool = False  # greedy ids computed in the graph; logits stay on the device
+    sampling: int = 0  # id of the sampling plan whose device prefix runs in the graph (0: none)
 
 
 @dataclass
@@ -49,14 +49,15 @@ class UBatch:
     hidden: bool = False
     state_src: np.ndarray | None = None  # int32 [B]: recurrent rows to read
     state_dst: np.ndarray | None = None  # int32 [n_write, B]: rows for the new states
-    argmax: bool = False  # return greedy ids (in-graph argmax) instead of logits
+    sampling: int = 0  # sampling plan id (Target.register_plan); 0: logits come back
+    rows: list | None = None  # RowInput per output row, for the device sampling prefix
 
 
 @dataclass
 class StepResult:
     logits: np.ndarray  # float32 [n_out, n_vocab]
     hidden: np.ndarray | None  # float32 [n_tokens, n_embd] (post output_norm) or None
-    ids: np.ndarray | None = None  # int32 [n_out]: in-graph argmax (ties: lowest id)
+    ids: np.ndarray | None = None  # int32 [n_out]: tokens chosen by the sampler chain
 
 
 def kv_window(max_pos_end: int, n_ctx: int) -> int:
@@ -67,7 +68,7 @@ class TargetGraph:
     """A built trunk graph for one :class:`UBatchShape` with its named inputs/outputs."""
 
     def __init__(self, hp: HParams, weights, kv: KVCache, rs: RecurrentState,
-                 shape: UBatchShape) -> None:
+                 shape: UBatchShape, plan=None) -> None:
         T, B = shape.n_seq_tokens, shape.n_seqs
         n_tok = T * B
         self.shape = shape
@@ -110,10 +111,14 @@ class TargetGraph:
                 sel = ctx.get_rows(h, self.out_ids)
             b.cb(sel, "result_norm")
             self.logits = b.cb(ctx.mul_mat(weights.get("output.weight"), sel), "result_output")
-            self.ids = None
-            if shape.argmax:  # only ids come back: n_out ints instead of n_out x n_vocab floats
-                self.ids = b.cb(ctx.argmax(self.logits), "result_argmax").set_output()
-                graph.expand(self.ids)
+            self.sampling = None
+            if plan is not None:  # the chain's device prefix: candidates or ids come back
+                from pyggspec.sampling import DeviceSampling
+
+                plan_obj, stats = plan
+                rows_per_seq = shape.n_outputs // B if shape.n_outputs % B == 0 else 1
+                self.sampling = DeviceSampling.build(ctx, graph, self.logits, plan_obj,
+                                                     rows_per_seq, stats)
             else:
                 self.logits.set_output()
                 graph.expand(self.logits)
@@ -134,8 +139,7 @@ class TargetGraph:
         self._dst = np.zeros((shape.n_write, B), dtype=np.int32)
         self._out_ids = np.zeros(shape.n_outputs, dtype=np.int32)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
-                        if not shape.argmax else None)
-        self._ids = np.zeros(shape.n_outputs, dtype=np.int32)
+                        if self.sampling is None else None)
         self._hidden = (np.zeros((n_tok, h.ne[0]), dtype=np.float32) if shape.hidden else None)
         self._cells = np.arange(shape.n_kv, dtype=np.int64)
         self._visible = np.zeros((B, T, shape.n_kv), dtype=bool)
@@ -149,8 +153,8 @@ class TargetGraph:
         if self.out_ids is not None:
             ins.append(HostBinding(self.out_ids, self._out_ids))
         self._inputs = ins
-        self._logits_out = (HostBinding(self.ids, self._ids) if self.ids is not None
-                            else HostBinding(self.logits, self._logits))
+        self._logits_out = (HostBinding(self.logits, self._logits) if self.sampling is None
+                            else None)
         self._hidden_out = HostBinding(self.hidden, self._hidden) if self.hidden else None
         self._bound = True
 
@@ -173,16 +177,23 @@ class TargetGraph:
             self._out_ids[:] = ub.outputs
         for b in self._inputs:
             b.push()
+        if self.sampling is not None:
+            self.sampling.set_inputs(ub.rows)
 
-    def read_outputs(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """Logits [n_out, n_vocab] (or ids [n_out] with in-graph argmax) and hidden rows;
-        these arrays are reused by the next step."""
-        logits = self._logits_out.pull()
+    def read_outputs(self, ub: UBatch) -> tuple[np.ndarray | None, np.ndarray | None,
+                                                np.ndarray | None]:
+        """(logits [n_out, n_vocab] or None, hidden rows, sampled ids or None); the arrays
+        are reused by the next step."""
         hidden = self._hidden_out.pull() if self._hidden_out is not None else None
-        return logits, hidden
+        if self.sampling is not None:
+            return None, hidden, self.sampling.finish_host(ub.rows)
+        return self._logits_out.pull(), hidden, None
 
     def close(self) -> None:
+        if self.sampling is not None:
+            self.sampling.close()
         self.ctx.close()
+
 
 
 class Target:
@@ -196,16 +207,26 @@ class Target:
         self.rs = rs
         self.sched = sched
         self.graphs = GraphCache(cache_size)
+        self.plans: dict[int, object] = {}  # sampling plans by id (id 0 = none)
         self.last_python_ms = 0.0
         self.compute_ms_total = 0.0  # device time of all steps (graph compute)
         self.build_ms_total = 0.0  # graph builds and (re)allocations
+
+    def register_plan(self, plan) -> int:
+        """Make a sampling plan usable in graphs; returns its id for UBatch.sampling."""
+        for pid, p in self.plans.items():
+            if p is plan:
+                return pid
+        pid = len(self.plans) + 1
+        self.plans[pid] = plan
+        return pid
 
     def shape_of(self, ub: UBatch) -> UBatchShape:
         B, T = ub.tokens.shape
         end = int((ub.pos0 + T).max())
         n_write = 1 if ub.state_dst is None else ub.state_dst.shape[0]
         return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), tuple(ub.slots),
-                           len(ub.outputs), ub.hidden, n_write, ub.argmax)
+                           len(ub.outputs), ub.hidden, n_write, ub.sampling)
 
     def run(self, ub: UBatch, copy: bool = True) -> StepResult:
         """Evaluate one ubatch. ``copy=False`` returns arrays the next step overwrites.
@@ -219,18 +240,15 @@ class Target:
             ub.state_src = rows
             ub.state_dst = rows[None, :]
         shape = self.shape_of(ub)
-        g = self.graphs.get(shape, lambda s: TargetGraph(self.hp, self.weights, self.kv,
-                                                         self.rs, s))
+        g = self.graphs.get(shape, lambda s: TargetGraph(
+            self.hp, self.weights, self.kv, self.rs, s, self.plans.get(s.sampling)))
         self.sched.alloc(g.graph)
         t_alloc = time.perf_counter()
         g.set_inputs(ub, self.kv.n_ctx)
         t1 = time.perf_counter()
         self.sched.compute(g.graph)
         t2 = time.perf_counter()
-        logits, hidden = g.read_outputs()
-        ids = None
-        if shape.argmax:
-            ids, logits = logits, None
+        logits, hidden, ids = g.read_outputs(ub)
         if copy:
             logits = logits.copy() if logits is not None else None
             hidden = hidden.copy() if hidden is not None else None
@@ -242,7 +260,7 @@ class Target:
         self.last_build_ms = (t_alloc - t0) * 1000
         self.compute_ms_total += (t2 - t1) * 1000
         self.build_ms_total += self.last_build_ms
-        return StepResult(logits, hidden, ids.copy() if ids is not None else None)
+        return StepResult(logits, hidden, ids)
 
     def close(self) -> None:
         self.graphs.clear()

@@ -90,7 +90,6 @@ class SeqState:
     stop_reason: str = "length"
 
 
-Sampler = Callable[[int, np.ndarray], int]  # (slot, logits row) -> token
 
 
 def accept(drafts: list[int], choose: Callable[[int], int],
@@ -113,12 +112,12 @@ def accept(drafts: list[int], choose: Callable[[int], int],
 
 
 def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: SpecConfig,
-                     stats: SpecStats, sample: Sampler | None,
-                     is_stop: Callable[[int], bool]) -> None:
+                     stats: SpecStats, samplers, is_stop: Callable[[int], bool]) -> None:
     """Advance every live sequence by one draft/verify/accept step (in one batch each).
 
-    ``sample=None`` means greedy in the graph: only token ids come back from the verify
-    batch, not its logits.
+    ``samplers`` (:class:`~pyggspec.sampling.session.SequenceSamplers`) chooses the
+    target's token at each verify row -- in the graph when its plan has a device prefix
+    (only candidates or ids come back), else on the host from the logits.
     """
     live = [s for s in seqs if not s.done]
     if not live:
@@ -151,26 +150,31 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     else:
         spare = [rs.spare_planes(s.slot)[0] for s in live]
         dst = np.array([[rs.row(s.slot, spare[b]) for b, s in enumerate(live)]], np.int32)
+    prefixes = [[tuple(tokens[b, 1:1 + i]) for i in range(T)] for b in range(B)]
+    plan = samplers.plan_id(B * T, T)
+    rows = (samplers.rows([(s.slot, prefixes[b][i]) for b, s in enumerate(live)
+                           for i in range(T)]) if plan else None)
     ub = UBatch(tokens, np.array([s.pos for s in live], np.int64), tuple(s.slot for s in live),
                 np.arange(B * T, dtype=np.int32), hidden=True, state_src=src, state_dst=dst,
-                argmax=sample is None)
+                sampling=plan, rows=rows)
     res = engine.target.run(ub, copy=False)
     stats.n_target_evals += 1
     hidden = res.hidden.reshape(B, T, -1)
-    if sample is None:
-        ids = res.ids.reshape(B, T)
-    else:
-        logits = res.logits.reshape(B, T, -1)
+    ids = res.ids.reshape(B, T) if res.ids is not None else None
+    logits = res.logits.reshape(B, T, -1) if res.logits is not None else None
 
     # 3. accept and roll back each sequence on its own
     replay: dict[int, list[int]] = {}
     for b, s in enumerate(live):
         d = drafts[s.slot].tokens
-        if sample is None:
-            choose = ids[b].__getitem__
+        if ids is not None:
+            choose = (lambda i, b=b: int(ids[b, i]))
         else:
-            choose = (lambda i, b=b, slot=s.slot: sample(slot, logits[b, i]))
-        emitted, n, stopped = accept(d, lambda i, c=choose: int(c(i)), is_stop)
+            choose = (lambda i, b=b, slot=s.slot: samplers.choose(slot, logits[b, i],
+                                                                  prefixes[b][i]))
+        emitted, n, stopped = accept(d, choose, is_stop)
+        for t in emitted:
+            samplers.accept(s.slot, t)
         stats.record(len(d), min(n, len(d)))
         emitted = emitted[: s.budget]
         s.out.extend(emitted)
@@ -200,7 +204,7 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
 
 
 def prefill(engine, drafter: MtpDrafter, prompts: dict[int, list[int]], stats: SpecStats,
-            sample: Sampler, is_stop: Callable[[int], bool], max_tokens: int) -> list[SeqState]:
+            samplers, is_stop: Callable[[int], bool], max_tokens: int) -> list[SeqState]:
     """Evaluate the prompts with the target (hidden rows kept), sample each first token and
     warm the MTP cache with the prompt pairs (x_q, h_{q-1}) -- all but the last pair,
     which goes with the first draft step."""
@@ -213,13 +217,14 @@ def prefill(engine, drafter: MtpDrafter, prompts: dict[int, list[int]], stats: S
     for slot, ids in prompts.items():
         P = len(ids)
         h = res[slot].hidden  # [P, n_embd]: h_0 .. h_{P-1}
-        t = sample(slot, res[slot].logits[-1])
+        t = samplers.choose(slot, res[slot].logits[-1])
         paired = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])  # h_{q-1}
         s = SeqState(slot, pos=P, pending=t, new_tokens=[t], new_hidden=h[-1:].copy(),
                      new_pos0=P, budget=max_tokens)
         if is_stop(t):
             s.done, s.stop_reason = True, "eos"
         else:
+            samplers.accept(slot, t)
             s.out.append(t)
             s.budget -= 1
             if s.budget <= 0:
