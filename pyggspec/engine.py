@@ -227,7 +227,14 @@ class Engine:
         self._closers.append(self.mtp_kv)
         self.mtp_sched = Scheduler(self.backends)
         self._closers.append(self.mtp_sched)
-        self.mtp = Mtp(mtp_hp, w, self.mtp_kv, self.mtp_sched, device_argmax=device_argmax)
+        dv = self.spec.draft_vocab
+        if dv < 0:
+            raise PyggspecError("--spec-draft-vocab", f"must be >= 0, got {dv}")
+        if dv and self.spec.p_min > 0:
+            raise PyggspecError("--spec-draft-vocab", "cannot be combined with "
+                                "--spec-draft-p-min: p_min needs the full-vocabulary softmax")
+        self.mtp = Mtp(mtp_hp, w, self.mtp_kv, self.mtp_sched, device_argmax=device_argmax,
+                       draft_vocab=dv)
         self._closers.append(self.mtp)
         self.drafter = MtpDrafter(self.mtp, hp.n_embd, self.spec.n_min, self.spec.p_min)
 

@@ -45,13 +45,14 @@ def llamacpp_bin(name: str) -> Path | None:
     return p if p.exists() else None
 
 
-def run_ours(path: Path, n: int, threads: int, n_max: int | None) -> dict:
+def run_ours(path: Path, n: int, threads: int, n_max: int | None, draft_vocab: int = 0) -> dict:
     from pyggspec.engine import Engine
     from pyggspec.speculative.loop import SpecConfig
 
     kw = {}
     if n_max:
-        kw = {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=n_max, rollback="snapshot")}
+        kw = {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=n_max, rollback="snapshot",
+                                                            draft_vocab=draft_vocab)}
     with Engine(path, n_ctx=1024, n_threads=threads, **kw) as e:
         ids = e.tokenize(PROMPT)
         r = e.generate_batch([ids], max_tokens=n, ignore_eos=True)[0]
@@ -100,6 +101,8 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--dtype", default="q8_0")
+    ap.add_argument("--draft-vocab", type=int, default=32768,
+                    help="also measure pyggspec with --spec-draft-vocab N (0: skip)")
     args = ap.parse_args()
     if llamacpp_bin("llama-speculative-simple") is None:
         print("note: llama.cpp tools not built (scripts/build_llamacpp_tools.sh); only "
@@ -109,10 +112,16 @@ def main() -> int:
         path = model_for(agr, args.dtype)
         for n_max in args.n_max:
             rec: dict = {"agreement": agr, "n_max": n_max}
-            samples: dict[str, list] = {"ours_plain": [], "ours_spec": [], "lc_plain": [],
-                                        "lc_spec": []}
+            samples: dict[str, list] = {"ours_plain": [], "ours_spec": [], "ours_spec_dv": [],
+                                        "lc_plain": [], "lc_spec": []}
+            dv = args.draft_vocab
+
+            def ours_dv(p, n, t, nm, dv=dv):
+                return run_ours(p, n, t, nm, dv) if dv else None
+
             for _ in range(args.reps):
                 for key, fn, nm in (("ours_plain", run_ours, None), ("ours_spec", run_ours, n_max),
+                                    ("ours_spec_dv", ours_dv, n_max),
                                     ("lc_plain", run_llamacpp, None),
                                     ("lc_spec", run_llamacpp, n_max)):
                     t0 = time.monotonic()
@@ -131,18 +140,27 @@ def main() -> int:
                 rec["ours_speedup"] = statistics.median(
                     s["tps"] / p["tps"] for s, p in zip(samples["ours_spec"],
                                                         samples["ours_plain"]))
+            if samples["ours_spec_dv"]:
+                rec["ours_dv_accept"] = samples["ours_spec_dv"][0]["accept"]
+                rec["lossless_dv"] = samples["ours_spec_dv"][0]["tokens"] == \
+                    samples["ours_plain"][0]["tokens"]
+                rec["ours_dv_speedup"] = statistics.median(
+                    s["tps"] / p["tps"] for s, p in zip(samples["ours_spec_dv"],
+                                                        samples["ours_plain"]))
             if samples["lc_spec"] and samples["lc_plain"]:
                 rec["lc_accept"] = samples["lc_spec"][0]["accept"]
                 rec["lc_speedup"] = statistics.median(
                     s["tps"] / p["tps"] for s, p in zip(samples["lc_spec"], samples["lc_plain"]))
                 rec["spec_vs_llamacpp"] = rec["ours_spec"] / rec["lc_spec"]
+                if "ours_spec_dv" in rec:
+                    rec["spec_dv_vs_llamacpp"] = rec["ours_spec_dv"] / rec["lc_spec"]
                 rec["plain_vs_llamacpp"] = rec["ours_plain"] / rec["lc_plain"]
             rows.append(rec)
     print(f"\n{args.n} greedy tokens, {args.threads} threads, {args.dtype}, medians of "
           f"{args.reps} paired rep(s); speed-up = spec / plain of the same engine")
     hdr = (f"{'agree':>5} {'n_max':>5} | {'ours plain':>10} {'ours spec':>9} {'x':>5} "
-           f"{'acc':>5} | {'lc plain':>8} {'lc spec':>7} {'x':>5} {'acc':>5} | "
-           f"{'spec/lc':>7} {'plain/lc':>8}")
+           f"{'acc':>5} {'spec dv':>7} {'x':>5} | {'lc plain':>8} {'lc spec':>7} {'x':>5} "
+           f"{'acc':>5} | {'spec/lc':>7} {'dv/lc':>6} {'plain/lc':>8}")
     print(hdr)
     print("-" * len(hdr))
 
@@ -152,10 +170,11 @@ def main() -> int:
     for r in rows:
         print(f"{r['agreement']:5.2f} {r['n_max']:5d} | {f(r.get('ours_plain'), 10)} "
               f"{f(r.get('ours_spec'), 9)} {f(r.get('ours_speedup'), 5)} "
-              f"{f(r.get('ours_accept'), 5)} | {f(r.get('lc_plain'), 8)} "
+              f"{f(r.get('ours_accept'), 5)} {f(r.get('ours_spec_dv'), 7)} "
+              f"{f(r.get('ours_dv_speedup'), 5)} | {f(r.get('lc_plain'), 8)} "
               f"{f(r.get('lc_spec'), 7)} {f(r.get('lc_speedup'), 5)} "
               f"{f(r.get('lc_accept'), 5)} | {f(r.get('spec_vs_llamacpp'), 7, 3)} "
-              f"{f(r.get('plain_vs_llamacpp'), 8, 3)}")
+              f"{f(r.get('spec_dv_vs_llamacpp'), 6, 3)} {f(r.get('plain_vs_llamacpp'), 8, 3)}")
     print(json.dumps({"bench": "spec", "n": args.n, "threads": args.threads, "rows": rows}))
     return 0
 

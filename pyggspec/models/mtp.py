@@ -12,7 +12,8 @@ head's own post-norm hidden from the previous draft step). The head predicts x_{
 
 Only the rows that draft need logits; for those the graph also takes the argmax and the
 probability of that token under a softmax over the **full** vocabulary, so only ids,
-probabilities and hidden rows come back to the host.
+probabilities and hidden rows come back to the host. Optionally (``draft_vocab``) the head
+drafts over the first N token ids only: the LM head is most of a draft step's cost.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class MtpShape:
     slots: tuple[int, ...]
     n_outputs: int
     device_argmax: bool  # argmax + top probability in the graph (else full logits come back)
+    draft_vocab: int = 0  # draft over token ids [0, draft_vocab) only (0: full vocabulary)
 
 
 @dataclass
@@ -138,7 +140,12 @@ class MtpGraph:
             x = b.cb(ctx.add(cur, x), "mtp_post_ffn", il)
             h_all = b.cb(layers.rms_norm(b, x, w.head_norm), "h_nextn")
             h_out = b.cb(ctx.get_rows(h_all, self.out_ids), "mtp_shared_head_norm")
-            logits = b.cb(ctx.mul_mat(w.head, h_out), "result_output")
+            head = w.head
+            if 0 < shape.draft_vocab < head.ne[1]:
+                # the first rows of the LM head: BPE ids are roughly frequency-ordered, and a
+                # draft is only a guess the target verifies, so this loses no correctness
+                head = ctx.view(head, (head.ne[0], shape.draft_vocab), (head.nb[1],), 0)
+            logits = b.cb(ctx.mul_mat(head, h_out), "result_output")
             self.h_out = h_out.set_output()
             graph.expand(h_out)
             if shape.device_argmax:
@@ -223,12 +230,13 @@ class Mtp:
     other's allocation), with graphs reused by shape."""
 
     def __init__(self, hp: HParams, weights: MtpWeights, kv: KVCache, sched: Scheduler,
-                 device_argmax: bool = True, cache_size: int = 12) -> None:
+                 device_argmax: bool = True, cache_size: int = 12, draft_vocab: int = 0) -> None:
         self.hp = hp
         self.weights = weights
         self.kv = kv
         self.sched = sched
         self.device_argmax = device_argmax
+        self.draft_vocab = draft_vocab
         self.graphs = GraphCache(cache_size)
         self.last_python_ms = 0.0
         self.compute_ms_total = 0.0  # device time of all steps (graph compute)
@@ -240,7 +248,7 @@ class Mtp:
         B, T = mb.tokens.shape
         end = int((mb.pos0 + T).max())
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), tuple(mb.slots), len(mb.outputs),
-                         self.device_argmax)
+                         self.device_argmax, self.draft_vocab)
         build: Callable = lambda s: MtpGraph(self.hp, self.weights, self.kv, s)
         g = self.graphs.get(shape, build)
         self.sched.alloc(g.graph)

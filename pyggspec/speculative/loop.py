@@ -30,6 +30,7 @@ class SpecConfig:
     n_min: int = 0  # --spec-draft-n-min
     p_min: float = 0.0  # --spec-draft-p-min
     rollback: str = "snapshot"  # "snapshot" | "checkpoint"
+    draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
 
 
 @dataclass
