@@ -363,51 +363,24 @@ class Engine:
         return self.decode({seq_id: tokens}, logits="all")[seq_id].logits
 
     # --- generation -----------------------------------------------------------------------
-    def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, seq_id: int = 0,
-               ignore_eos: bool = False) -> Iterator[Piece]:
-        """Greedy generation, one :class:`Piece` (token id + text) at a time.
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 128,
+               ignore_eos: bool = False,
+               sampling: SamplingParams | None = None) -> Iterator[Piece]:
+        """Generate for one prompt (in slot 0), one :class:`Piece` (token id + text) at a
+        time, with the engine's sampling and speculation settings.
 
-        The sequence is cleared first. When the iterator ends, ``self.last_result`` holds
-        the :class:`GenerationResult` with llama.cpp-style timings.
+        When the iterator ends, ``self.last_result`` holds the :class:`GenerationResult`.
         """
-        self._check_seq(seq_id)
-        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not ids:
-            raise PyggspecError(None, "empty prompt")
-        if len(ids) >= self.n_ctx:
-            raise PyggspecError(None, f"prompt of {len(ids)} tokens does not fit the context "
-                                f"({self.n_ctx}); raise -c")
-        timings = Timings()
-        self.clear(seq_id)
         detok = self.tokenizer.detokenizer() if self.tokenizer is not None else None
-        t0 = time.perf_counter()
-        logits = self.decode({seq_id: ids})[seq_id].logits[-1]
-        timings.prompt_n, timings.prompt_ms = len(ids), (time.perf_counter() - t0) * 1000
-        out: list[int] = []
-        stop = "length"
-        t0 = time.perf_counter()
-        while len(out) < max_tokens:
-            tok = int(np.argmax(logits))
-            if not ignore_eos and self.tokenizer is not None and self.tokenizer.is_eog(tok):
-                stop = "eos"
-                break
-            out.append(tok)
-            yield Piece(tok, detok.add(tok) if detok is not None else "")
-            if len(out) == max_tokens:
-                break
-            if self.seq_len(seq_id) + 1 > self.n_ctx:
-                stop = "context"
-                break
-            logits = self.step(seq_id, tok)
-            timings.python_ms.append(self.target.last_python_ms)
+        gen = self._generate([prompt], max_tokens, ignore_eos, sampling)
+        for _, tokens in gen:
+            for t in tokens:
+                yield Piece(t, detok.add(t) if detok is not None else "")
         if detok is not None:
             tail = detok.flush()
             if tail:
                 yield Piece(-1, tail)
-        timings.predicted_n = len(out)
-        timings.predicted_ms = (time.perf_counter() - t0) * 1000
-        text = self.detokenize(out) if self.tokenizer is not None else ""
-        self.last_result = GenerationResult(text, out, len(ids), stop, timings)
+        self.last_result = self._results[0]
 
     def _is_stop(self, ignore_eos: bool):
         if ignore_eos or self.tokenizer is None:
@@ -422,6 +395,14 @@ class Engine:
         With ``spec_type="draft-mtp"`` every sequence speculates with its own drafts and
         acceptance; ``on_tokens(index, tokens)`` is called as tokens are emitted.
         """
+        for slot, tokens in self._generate(prompts, max_tokens, ignore_eos, sampling):
+            if on_tokens:
+                on_tokens(slot, tokens)
+        return self._results
+
+    def _generate(self, prompts, max_tokens: int, ignore_eos: bool,
+                  sampling: SamplingParams | None) -> Iterator[tuple[int, list[int]]]:
+        """The generation loop: yields (slot, new tokens); results land in _results."""
         from pyggspec.speculative.loop import prefill, speculative_step
 
         if len(prompts) > self.n_parallel:
@@ -448,10 +429,9 @@ class Engine:
             seqs = self._plain_prefill(ids, samplers, is_stop, max_tokens)
         timings.prompt_n = sum(len(t) for t in ids.values())
         timings.prompt_ms = (time.perf_counter() - t0) * 1000
-        if on_tokens:
-            for s in seqs:
-                if s.out:
-                    on_tokens(s.slot, list(s.out))
+        for s in seqs:
+            if s.out:
+                yield s.slot, list(s.out)
         t0 = time.perf_counter()
         while any(not s.done for s in seqs):
             before = {s.slot: len(s.out) for s in seqs}
@@ -464,10 +444,9 @@ class Engine:
             # the host share of the step: wall time minus graph compute and graph builds
             timings.python_ms.append((time.perf_counter() - t_step) * 1000
                                      - (self._device_ms() - device_ms))
-            if on_tokens:
-                for s in seqs:
-                    if len(s.out) > before[s.slot]:
-                        on_tokens(s.slot, s.out[before[s.slot]:])
+            for s in seqs:
+                if len(s.out) > before[s.slot]:
+                    yield s.slot, s.out[before[s.slot]:]
         timings.predicted_n = sum(len(s.out) for s in seqs)
         timings.predicted_ms = (time.perf_counter() - t0) * 1000
         out = []
@@ -475,7 +454,7 @@ class Engine:
             text = self.detokenize(s.out) if self.tokenizer is not None else ""
             out.append(GenerationResult(text, list(s.out), len(ids[s.slot]), s.stop_reason,
                                         timings))
-        return out
+        self._results = out
 
     def make_samplers(self, sampling: SamplingParams | None = None) -> SequenceSamplers:
         """Sampler chains for one generation, planned against the output device."""
@@ -541,12 +520,11 @@ class Engine:
             elif s.pos + 1 >= self.n_ctx:
                 s.done, s.stop_reason = True, "context"
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, seq_id: int = 0,
-                 ignore_eos: bool = False) -> GenerationResult:
-        """Run :meth:`stream` to the end and return the result (text, tokens, timings)."""
-        for _ in self.stream(prompt, max_tokens, seq_id, ignore_eos):
-            pass
-        return self.last_result
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
+                 ignore_eos: bool = False,
+                 sampling: SamplingParams | None = None) -> GenerationResult:
+        """Generate for one prompt and return the result (text, tokens, timings)."""
+        return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling)[0]
 
     def memory(self) -> dict:
         """Bytes per component and device, as allocated."""

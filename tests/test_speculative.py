@@ -85,32 +85,92 @@ def test_perfect_head_accepts_everything(spec_dir):
         assert e.stats.acceptance == 1.0
 
 
-def test_first_draft_equals_llamacpp_mtp(spec_dir):
-    """The head sees the pairs (x_q, h_{q-1}) and the same numbers as llama.cpp's MTP ctx."""
-    path = agreement_model(spec_dir, "moe", 0.8)
-    prompt = PROMPTS[2]
-    with OracleModel(path, load_mtp=True) as om:
-        with om.context(n_ctx=256, n_batch=256, nextn=True) as oc:
-            t = int(oc.eval(prompt)[-1].argmax())
-            hid = np.stack([oc.hidden_nextn(i) for i in range(len(prompt))])
-        paired = np.concatenate([np.zeros((1, hid.shape[1]), np.float32), hid])
-        with om.context(n_ctx=256, n_batch=256, mtp=True) as mc:
-            ref = mc.mtp_eval(prompt + [t], paired, 0)
-    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=1)) as e:
-        from pyggspec.speculative.loop import prefill
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("layout", ["model", "split"])
+def test_mtp_logits_equal_llamacpp_mtp(spec_dir, arch, layout):
+    """The head sees the pairs (x_q, h_{q-1}) and computes the same numbers as llama.cpp's
+    MTP context, grafted or from a separate MTP-only file."""
+    from pyggspec.speculative.draft_mtp import DraftRequest
+    from pyggspec.speculative.loop import prefill
 
+    files = agreement_model(spec_dir, arch, 0.8, layout=layout)
+    trunk, mtp_file = (files, files) if layout == "model" else files
+    prompt = PROMPTS[2]
+    with OracleModel(trunk) as om, om.context(n_ctx=256, n_batch=256, nextn=True) as oc:
+        t = int(oc.eval(prompt)[-1].argmax())
+        hid = np.stack([oc.hidden_nextn(i) for i in range(len(prompt))])
+    paired = np.concatenate([np.zeros((1, hid.shape[1]), np.float32), hid])
+    with OracleModel(mtp_file, load_mtp=True) as om, om.context(n_ctx=256, n_batch=256,
+                                                                 mtp=True) as mc:
+        ref = mc.mtp_eval(prompt + [t], paired, 0)
+    md = None if layout == "model" else mtp_file
+    with Engine(trunk, mtp_path=md, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=1), draft_backend_sampling=False) as e:
         samplers = e.make_samplers()
         samplers.start(0, prompt)
         seqs = prefill(e, e.drafter, {0: prompt}, e.stats, samplers, lambda x: False, 10)
-        from pyggspec.speculative.draft_mtp import DraftRequest
-
         s = seqs[0]
-        d = e.drafter.draft([DraftRequest(0, s.new_pos0, s.new_tokens, s.new_hidden, 1)])
         assert s.pending == t
+        # the whole pair sequence once more, logits of every row through the host path
+        e.mtp_kv.clear(0)
+        from pyggspec.models.mtp import MtpBatch
+
+        n = len(prompt) + 1
+        res = e.mtp.run(MtpBatch(np.array([prompt + [t]], np.int32), paired[None],
+                                 np.array([0]), (0,), np.arange(n, dtype=np.int32)))
+        rel = np.abs(res.logits - ref).max() / np.abs(ref).max()
+        assert rel <= 1e-4
+        e.mtp_kv.clear(0)
+        prefill(e, e.drafter, {0: prompt}, e.stats, samplers, lambda x: False, 10)
+        d = e.drafter.draft([DraftRequest(0, s.new_pos0, s.new_tokens, s.new_hidden, 1)])
         assert d[0].tokens == [int(ref[-1].argmax())]
         p = np.exp(ref[-1] - ref[-1].max())
         assert abs(d[0].probs[0] - p.max() / p.sum()) < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("layout", ["model", "split"])
+@pytest.mark.parametrize("n_max,p_min", [(1, 0.0), (2, 0.5), (4, 0.0), (4, 0.5)])
+def test_greedy_lossless_grafted_and_separate(spec_dir, arch, layout, n_max, p_min):
+    files = agreement_model(spec_dir, arch, 0.8, layout=layout)
+    trunk, md = (files, None) if layout == "model" else files
+    ref = plain_outputs(trunk, PROMPTS[:2], 24)
+    with Engine(trunk, mtp_path=md, n_ctx=256, n_parallel=2, n_threads=2,
+                spec_type="draft-mtp", spec=SpecConfig(n_max=n_max, p_min=p_min)) as e:
+        out = [r.tokens for r in e.generate_batch(PROMPTS[:2], max_tokens=24, ignore_eos=True)]
+        assert e.stats.n_accepted > 0
+    assert out == ref
+
+
+def test_acceptance_at_095_agreement(spec_dir):
+    """One draft per step measures the head's agreement itself (deeper drafts compound)."""
+    path = agreement_model(spec_dir, "dense", 0.95)
+    with Engine(path, n_ctx=512, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=1)) as e:
+        e.generate_batch([PROMPTS[0]], max_tokens=200, ignore_eos=True)
+        assert e.stats.acceptance >= 0.9
+
+
+def test_parallel_sequences_equal_solo_runs(spec_dir):
+    path = agreement_model(spec_dir, "moe", 0.8)
+    with Engine(path, n_ctx=256, n_parallel=4, n_threads=2, spec_type="draft-mtp") as e:
+        together = [r.tokens for r in e.generate_batch(PROMPTS, max_tokens=20,
+                                                       ignore_eos=True)]
+        solo = [e.generate_batch([p], max_tokens=20, ignore_eos=True)[0].tokens
+                for p in PROMPTS]
+    assert together == solo
+
+
+def test_draft_vocab_is_lossless_and_exclusive_with_p_min(spec_dir):
+    path = agreement_model(spec_dir, "dense", 0.8)
+    ref = plain_outputs(path, PROMPTS[:1], 24)
+    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=3, draft_vocab=512)) as e:
+        out = e.generate_batch(PROMPTS[:1], max_tokens=24, ignore_eos=True)[0].tokens
+        assert e.stats.n_drafted > 0
+    assert out == ref[0]
+    with pytest.raises(PyggspecError, match="p_min needs the full-vocabulary"):
+        Engine(path, spec_type="draft-mtp", spec=SpecConfig(draft_vocab=512, p_min=0.5))
 
 
 def test_state_after_rollback_equals_plain_decoding(spec_dir):

@@ -13,7 +13,7 @@ VMs drift), for both engines:
 Prints a table of tokens/s, speed-ups (spec / plain of the same engine), acceptance, and
 pyggspec spec vs llama.cpp spec; then one JSON line.
 
-    python3 scripts/bench_spec.py --agreement 0.95 0.7 --n-max 1 2 3 -n 128 -t 2
+    python3 scripts/bench_mtp.py --agreement 0.95 0.7 --n-max 1 2 3 4 -n 128 -t 2
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def run_llamacpp(path: Path, n: int, threads: int, n_max: int | None) -> dict | 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agreement", type=float, nargs="+", default=[0.95, 0.7])
-    ap.add_argument("--n-max", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--n-max", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
