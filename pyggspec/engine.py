@@ -145,7 +145,8 @@ class Engine:
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
                                         progress=progress)
             self._closers.append(self.weights)
-            kv_cells = self.n_ctx + (self.spec.n_max + 1 if self.spec_type else 0)
+            # verify/draft batches may run n_max + 2 positions past the committed ones
+            kv_cells = self.n_ctx + (self.spec.n_max + 2 if self.spec_type else 0)
 
             layer_dev = {il: get_device(self.placement.layer_devices[il])
                          for il in range(hp.n_layer)}
@@ -157,7 +158,7 @@ class Engine:
             self.rollback = self._choose_rollback(recr) if self.spec_type else None
             planes = 1
             if self.rollback == "snapshot":
-                planes = self.spec.n_max + 2
+                planes = self.spec.n_max + 3  # current + one per verify row (padding included)
             elif self.rollback == "checkpoint":
                 planes = 2
             self.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, n_parallel, planes)
@@ -203,7 +204,7 @@ class Engine:
         per_plane = (hp.n_embd_r + hp.n_embd_s) * 4 * self.n_parallel
         need: dict[str, int] = {}
         for dev in recr_devices.values():
-            need[dev.name] = need.get(dev.name, 0) + per_plane * (self.spec.n_max + 2)
+            need[dev.name] = need.get(dev.name, 0) + per_plane * (self.spec.n_max + 3)
         for name, n in need.items():
             dev = get_device(name)
             free, total = dev.memory()

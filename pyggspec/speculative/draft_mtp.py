@@ -52,8 +52,12 @@ class MtpDrafter:
         if not reqs:
             return out
         # 1. catch-up + first draft, one batch; shorter requests padded at their end
-        T = max(len(r.tokens) for r in reqs)
+        from pyggspec.speculative.loop import padded_rows
+
         B = len(reqs)
+        T = max(len(r.tokens) for r in reqs)
+        if T < 64:  # prompt warm-up chunks are large: no need to pad those
+            T = padded_rows(T, B)
         tokens = np.zeros((B, T), np.int32)
         hidden = np.zeros((B, T, self.n_embd), np.float32)
         for b, r in enumerate(reqs):
