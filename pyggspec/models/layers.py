@@ -11,9 +11,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from pyggspec.ggml.context import ROPE_TYPE_IMROPE, Context
 from pyggspec.ggml.sched import Graph
-from pyggspec.ggml.tensor import Tensor
+from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.modelfile import HParams
 
 
@@ -145,6 +147,39 @@ class AttnInputs:
     n_kv: int
     slots: tuple[int, ...]  # cache slot of each sequence in the ubatch
     n_ctx: int  # cells per slot
+
+
+class CausalInputs:
+    """Positions, causal mask and KV cells of one ubatch: the graph inputs and the host
+    arrays bound to them (filled in place every step, one C call per input)."""
+
+    def __init__(self, ctx: Context, T: int, B: int, n_kv: int, slots: tuple[int, ...],
+                 n_ctx: int, prefix: str = "") -> None:
+        n = T * B
+        self.T, self.B = T, B
+        self.pos = ctx.input("i32", (4 * n,), f"{prefix}inp_pos")
+        self.mask = ctx.input("f16", (n_kv, T, 1, B), f"{prefix}kq_mask")
+        self.kv_idx = ctx.input("i64", (n,), f"{prefix}kv_idx")
+        self.attn = AttnInputs(self.pos, self.mask, self.kv_idx, n_kv, slots, n_ctx)
+        self._pos = np.zeros((4, n), np.int32)
+        self._mask = np.zeros((B, 1, T, n_kv), np.float16)
+        self._kv_idx = np.zeros(n, np.int64)
+        self._cells = np.arange(n_kv, dtype=np.int64)
+        self._visible = np.zeros((B, T, n_kv), bool)
+
+    def bindings(self) -> list[HostBinding]:
+        return [HostBinding(self.pos, self._pos), HostBinding(self.mask, self._mask),
+                HostBinding(self.kv_idx, self._kv_idx)]
+
+    def fill(self, pos0: np.ndarray, slots: tuple[int, ...], n_ctx: int) -> None:
+        """Token t of sequence b sits at pos0[b] + t and sees cache cells 0..its position."""
+        pos = pos0[:, None] + np.arange(self.T)[None, :]  # [B, T]
+        self._pos[:3] = pos.reshape(-1)  # M-RoPE: (p, p, p, 0) per token, sectioned
+        np.less_equal(self._cells[None, None, :], pos[:, :, None], out=self._visible)
+        m = self._mask[:, 0]
+        m.fill(np.float16(-np.inf))
+        m[self._visible] = 0
+        self._kv_idx[:] = (np.asarray(slots, np.int64)[:, None] * n_ctx + pos).reshape(-1)
 
 
 def _kv_view(b: Builder, written: Tensor, hd: int, n_head_kv: int, inp: AttnInputs,

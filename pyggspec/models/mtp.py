@@ -30,7 +30,7 @@ from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache
 from pyggspec.modelfile import HParams
 from pyggspec.models import layers
-from pyggspec.models.layers import AttnInputs, Builder
+from pyggspec.models.layers import Builder, CausalInputs
 from pyggspec.models.qwen35 import kv_window
 
 GRAPH_SIZE = 2048
@@ -120,12 +120,9 @@ class MtpGraph:
             b = Builder(ctx, graph, hp, w.get, w.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n,), "mtp_tokens")
             self.h = ctx.input("f32", (n_embd, n), "mtp_h_input")
-            self.pos = ctx.input("i32", (4 * n,), "mtp_pos")
-            self.mask = ctx.input("f16", (shape.n_kv, T, 1, B), "mtp_kq_mask")
-            self.kv_idx = ctx.input("i64", (n,), "mtp_kv_idx")
+            self.causal = CausalInputs(ctx, T, B, shape.n_kv, shape.slots, kv.n_ctx, "mtp_")
             self.out_ids = ctx.input("i32", (shape.n_outputs,), "mtp_out_ids")
-            attn_in = AttnInputs(self.pos, self.mask, self.kv_idx, shape.n_kv, shape.slots,
-                                 kv.n_ctx)
+            attn_in = self.causal.attn
             e = b.cb(ctx.get_rows(w.embed, self.tokens), "mtp_tok_embd", il)
             hn = b.cb(layers.rms_norm(b, self.h, b.w("nextn.hnorm.weight", il)), "mtp_hnorm", il)
             en = b.cb(layers.rms_norm(b, e, b.w("nextn.enorm.weight", il)), "mtp_enorm", il)
@@ -168,23 +165,17 @@ class MtpGraph:
             raise
         self._tokens = np.zeros(n, np.int32)
         self._h = np.zeros((n, n_embd), np.float32)
-        self._pos = np.zeros((4, n), np.int32)
-        self._mask = np.zeros((B, 1, T, shape.n_kv), np.float16)
-        self._kv_idx = np.zeros(n, np.int64)
         self._out = np.zeros(shape.n_outputs, np.int32)
         self._ids = np.zeros(shape.n_outputs, np.int32)
         self._top = np.zeros(shape.n_outputs, np.float32)
         self._h_out = np.zeros((shape.n_outputs, n_embd), np.float32)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), np.float32)
                         if self.logits is not None else None)
-        self._cells = np.arange(shape.n_kv, dtype=np.int64)
-        self._visible = np.zeros((B, T, shape.n_kv), bool)
         self._bound = False
 
     def _bind(self) -> None:
         self._ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.h, self._h),
-                     HostBinding(self.pos, self._pos), HostBinding(self.mask, self._mask),
-                     HostBinding(self.kv_idx, self._kv_idx), HostBinding(self.out_ids, self._out)]
+                     *self.causal.bindings(), HostBinding(self.out_ids, self._out)]
         self._outs = [HostBinding(self.h_out, self._h_out)]
         if self.ids is not None:
             self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
@@ -195,17 +186,9 @@ class MtpGraph:
     def set_inputs(self, mb: MtpBatch, n_ctx: int) -> None:
         if not self._bound:
             self._bind()
-        T = self.shape.n_seq_tokens
         self._tokens[:] = mb.tokens.reshape(-1)
         self._h[:] = mb.hidden.reshape(self._h.shape)
-        pos = mb.pos0[:, None] + np.arange(T)[None, :]
-        self._pos[:3] = pos.reshape(-1)
-        np.less_equal(self._cells[None, None, :], pos[:, :, None], out=self._visible)
-        m = self._mask[:, 0]
-        m.fill(np.float16(-np.inf))
-        m[self._visible] = 0
-        slots = np.asarray(mb.slots, dtype=np.int64)
-        self._kv_idx[:] = (slots[:, None] * n_ctx + pos).reshape(-1)
+        self.causal.fill(mb.pos0, tuple(mb.slots), n_ctx)
         self._out[:] = mb.outputs
         for bnd in self._ins:
             bnd.push()

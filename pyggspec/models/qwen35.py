@@ -18,7 +18,7 @@ from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import HParams
 from pyggspec.models import layers
-from pyggspec.models.layers import AttnInputs, Builder, RecurrentInputs
+from pyggspec.models.layers import Builder, CausalInputs, RecurrentInputs
 
 KV_PAD = 256  # attended cache window grows in steps of this many cells (graph reuse)
 GRAPH_SIZE = 16384
@@ -78,13 +78,10 @@ class TargetGraph:
             self.names: dict[str, Tensor] = {}
             b = Builder(ctx, graph, hp, weights.get, weights.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n_tok,), "inp_tokens")
-            self.pos = ctx.input("i32", (4 * n_tok,), "inp_pos")
-            self.mask = ctx.input("f16", (shape.n_kv, T, 1, B), "kq_mask")
-            self.kv_idx = ctx.input("i64", (n_tok,), "kv_idx")
+            self.causal = CausalInputs(ctx, T, B, shape.n_kv, shape.slots, kv.n_ctx)
             self.src_rows = ctx.input("i32", (B,), "rs_src")
             self.dst_rows = ctx.input("i32", (B * shape.n_write,), "rs_dst")
-            attn_in = AttnInputs(self.pos, self.mask, self.kv_idx, shape.n_kv, shape.slots,
-                                 kv.n_ctx)
+            attn_in = self.causal.attn
             rec_in = RecurrentInputs(self.src_rows, self.dst_rows, shape.n_write)
 
             x = b.cb(ctx.get_rows(weights.get("token_embd.weight"), self.tokens),
@@ -132,23 +129,16 @@ class TargetGraph:
         # host arrays bound to the graph's inputs/outputs: one C call each per step
         self._bound = False
         self._tokens = np.zeros(n_tok, dtype=np.int32)
-        self._pos = np.zeros((4, n_tok), dtype=np.int32)
-        self._mask = np.zeros((B, 1, T, shape.n_kv), dtype=np.float16)
-        self._kv_idx = np.zeros(n_tok, dtype=np.int64)
         self._src = np.zeros(B, dtype=np.int32)
         self._dst = np.zeros((shape.n_write, B), dtype=np.int32)
         self._out_ids = np.zeros(shape.n_outputs, dtype=np.int32)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
                         if self.sampling is None else None)
         self._hidden = (np.zeros((n_tok, h.ne[0]), dtype=np.float32) if shape.hidden else None)
-        self._cells = np.arange(shape.n_kv, dtype=np.int64)
-        self._visible = np.zeros((B, T, shape.n_kv), dtype=bool)
-        self._neg_inf = np.float16(-np.inf)
 
     def _bind(self) -> None:
         """Pair tensors with host arrays; needs the graph allocated (done on first use)."""
-        ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.pos, self._pos),
-               HostBinding(self.mask, self._mask), HostBinding(self.kv_idx, self._kv_idx),
+        ins = [HostBinding(self.tokens, self._tokens), *self.causal.bindings(),
                HostBinding(self.src_rows, self._src), HostBinding(self.dst_rows, self._dst)]
         if self.out_ids is not None:
             ins.append(HostBinding(self.out_ids, self._out_ids))
@@ -161,16 +151,8 @@ class TargetGraph:
     def set_inputs(self, ub: UBatch, n_ctx: int) -> None:
         if not self._bound:
             self._bind()
-        T, _B = self.shape.n_seq_tokens, self.shape.n_seqs
         self._tokens[:] = ub.tokens.reshape(-1)
-        pos = (ub.pos0[:, None] + np.arange(T)[None, :])  # [B, T]
-        self._pos[:3] = pos.reshape(-1)
-        np.less_equal(self._cells[None, None, :], pos[:, :, None], out=self._visible)
-        m = self._mask[:, 0]
-        m.fill(self._neg_inf)
-        m[self._visible] = 0
-        slots = np.asarray(ub.slots, dtype=np.int64)
-        self._kv_idx[:] = (slots[:, None] * n_ctx + pos).reshape(-1)
+        self.causal.fill(ub.pos0, tuple(ub.slots), n_ctx)
         self._src[:] = ub.state_src
         self._dst[:] = ub.state_dst
         if self.out_ids is not None:
