@@ -149,12 +149,22 @@ def _parse_ngl(value: str | None) -> int | str | None:
               help="KV cache type for K.")
 @click.option("-ctv", "--cache-type-v", "type_v", default="f16", show_default=True,
               help="KV cache type for V.")
+@click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), default=512,
+              show_default=True, help="Largest ubatch (sizes the compute buffers).")
+@click.option("--spec-draft-n-max", "spec_n_max", type=click.IntRange(min=0), default=None,
+              help="Plan draft-mtp with this n_max (default 3 when the model has an MTP head; "
+                   "0: no speculation).")
+@click.option("--spec-rollback", "spec_rollback", type=click.Choice(["auto", "snapshot",
+              "checkpoint"]), default="auto", show_default=True)
+@click.option("-ctkd", "--spec-draft-type-k", "mtp_type_k", default="f16", show_default=True)
+@click.option("-ctvd", "--spec-draft-type-v", "mtp_type_v", default="f16", show_default=True)
 @click.option("--tensors", "show_tensors", is_flag=True,
               help="Also list every tensor with type, shape and device.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl: str | None,
             device: str | None, overrides: tuple[str, ...], cpu_moe: bool, type_k: str,
-            type_v: str, show_tensors: bool, as_json: bool) -> None:
+            type_v: str, n_ubatch: int, spec_n_max: int | None, spec_rollback: str,
+            mtp_type_k: str, mtp_type_v: str, show_tensors: bool, as_json: bool) -> None:
     """Describe a Qwen3.5/3.6 GGUF: dims, layer kinds, MTP head, tensors, memory."""
     from pyggspec.modelfile import estimate_memory, ggml_type, open_model
     from pyggspec.weights import plan_placement, sum_bytes
@@ -190,6 +200,26 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
                               mtp=owner.hparams if owner is not None else None, type_k=type_k,
                               type_v=type_v)
         report = _report(model, placements, mem, why if not binding else None)
+        from pyggspec.memory.plan import plan_memory
+
+        n_max = spec_n_max if spec_n_max is not None else (3 if owner is not None else 0)
+        if n_max and owner is None:
+            raise PyggspecError(file, "no MTP head (nextn_predict_layers = 0); pass --mtp "
+                                "mtp-….gguf to plan speculation")
+        mtp_dev = None
+        if n_max:
+            blk = trunk.hparams.n_layer
+            src = placements[-1] if model.mtp_file is not None else p_trunk
+            mtp_dev = src.tensor_devices.get(f"blk.{blk}.nextn.eh_proj.weight")
+        plan = plan_memory(trunk.hparams, trunk.n_vocab, weights, p_trunk.layer_devices,
+                           p_trunk.output_device, n_ctx=n_ctx, n_parallel=n_parallel,
+                           n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, spec_n_max=n_max,
+                           rollback="checkpoint" if spec_rollback == "checkpoint" else "snapshot",
+                           mtp_device=mtp_dev,
+                           mtp_hp=model.mtp_file.hparams if model.mtp_file is not None else None,
+                           mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v)
+        report["memory"].update(plan.to_dict())
+        report["memory"]["spec_draft_n_max"] = n_max
         if n_gpu_layers not in (None, 0, "auto") and not p_trunk.offload_devices:
             report["warnings"].append(f"-ngl {ngl} ignored: no offload device, "
                                       "everything stays on the CPU")
@@ -353,7 +383,14 @@ def _human(r: dict[str, Any], show_tensors: bool) -> str:
                            f"MTP KV {fmt_bytes(mem['mtp_kv_per_seq'])}, recurrent state "
                            f"{fmt_bytes(mem['recurrent_per_seq'])}\n"
                            f"state total {fmt_bytes(mem['state_total'])} + weights "
-                           f"{fmt_bytes(mem['weights_total'])} = {fmt_bytes(mem['total'])}")))
+                           f"{fmt_bytes(mem['weights_total'])} = {fmt_bytes(mem['total'])}\n"
+                           "engine plan" + (f" (draft-mtp, n_max {mem['spec_draft_n_max']})"
+                                            if mem.get("spec_draft_n_max") else "") + ": "
+                           + ", ".join(f"{c} {fmt_bytes(sum(mem[c].values()))}"
+                                       for c in ("weights", "kv", "mtp_kv", "recurrent",
+                                                 "snapshots", "checkpoints", "compute")
+                                       if c in mem)
+                           + f" = {fmt_bytes(mem['total_bytes'])}")))
     for w in r["warnings"]:
         rows.append(("warning", w))
     out = _rows(rows)

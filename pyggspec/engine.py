@@ -112,6 +112,8 @@ class Engine:
                 raise PyggspecError("--spec-type", f"unsupported speculative type {spec_type!r} "
                                     "(none, draft-mtp)")
             self.spec_type = "draft-mtp" if spec_type == "draft-mtp" else None
+            self._type_k, self._type_v = type_k, type_v
+            self._mtp_types = (mtp_type_k, mtp_type_v)
             self.sampling = sampling or SamplingParams(temp=0.0)
             self.backend_sampling = backend_sampling
             self.samplers: SequenceSamplers | None = None
@@ -156,6 +158,8 @@ class Engine:
                               type_k, type_v)
             self._closers.append(self.kv)
             self.rollback = self._choose_rollback(recr) if self.spec_type else None
+            self.memory_plan = self._plan_memory()
+            self._check_fit()
             planes = 1
             if self.rollback == "snapshot":
                 planes = self.spec.n_max + 3  # current + one per verify row (padding included)
@@ -190,6 +194,47 @@ class Engine:
         except BaseException:
             self.close()
             raise
+
+    def _plan_memory(self):
+        from pyggspec.memory.plan import plan_memory
+
+        p = self.placement
+        mtp_dev = None
+        mtp_hp = None
+        if self.spec_type:
+            mtp_dev = self.weights.device_of(f"blk.{self.hp.n_layer}.nextn.eh_proj.weight").name
+            mtp_hp = self.model.mtp_file.hparams if self.model.mtp_file is not None else None
+        return plan_memory(self.hp, self.n_vocab, dict(self.weights.bytes_by_device()),
+                           p.layer_devices, p.output_device, n_ctx=self.n_ctx,
+                           n_parallel=self.n_parallel, n_ubatch=self.n_ubatch,
+                           type_k=self._type_k, type_v=self._type_v,
+                           spec_n_max=self.spec.n_max if self.spec_type else 0,
+                           rollback=self.rollback, mtp_device=mtp_dev, mtp_hp=mtp_hp,
+                           mtp_type_k=self._mtp_types[0], mtp_type_v=self._mtp_types[1])
+
+    def _check_fit(self) -> None:
+        """Say so before allocating when states do not fit a device; snapshots degrade to
+        checkpoints first (llama.cpp would run out of memory at allocation instead)."""
+        for _ in range(2):
+            too_big = []
+            for dev_name, n in self.memory_plan.by_device().items():
+                dev = get_device(dev_name)
+                free, total = dev.memory()
+                # weights are allocated (or mapped) already: count what is still to come
+                need = n - self.memory_plan.components.get("weights", {}).get(dev_name, 0)
+                if total and need > free:
+                    too_big.append((dev_name, need, free))
+            if not too_big:
+                return
+            if self.rollback == "snapshot" and self.spec.rollback == "auto":
+                self.rollback = "checkpoint"
+                self.memory_plan = self._plan_memory()
+                continue
+            dev_name, need, free = too_big[0]
+            raise PyggspecError(dev_name, f"needs {need / 2**20:.1f} MiB more for caches, "
+                                f"states and compute but only {free / 2**20:.1f} MiB are free; "
+                                "lower -c/--parallel/--spec-draft-n-max or use "
+                                "--spec-rollback checkpoint")
 
     def _choose_rollback(self, recr_devices: dict) -> str:
         """Snapshot planes when they fit on the devices holding the recurrent state,
@@ -528,12 +573,27 @@ class Engine:
         return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling)[0]
 
     def memory(self) -> dict:
-        """Bytes per component and device, as allocated."""
-        comp = {
-            "weights": dict(self.weights.bytes_by_device()),
-            "kv": self.kv.bytes_by_device(),
-            "recurrent": self.rs.bytes_by_device(),
-            "compute": self.sched.buffer_sizes(),
-        }
-        total = sum(sum(v.values()) for v in comp.values())
-        return {"total_bytes": total, **comp}
+        """Bytes per component and device, as allocated (same keys as the prediction in
+        ``self.memory_plan`` and ``pyggspec inspect``)."""
+        from pyggspec.memory.plan import MemoryPlan
+
+        m = MemoryPlan()
+        for dev, n in self.weights.bytes_by_device().items():
+            m.add("weights", dev, n)
+        for dev, n in self.kv.bytes_by_device().items():
+            m.add("kv", dev, n)
+        extra = "snapshots" if self.rollback == "snapshot" else "checkpoints"
+        for dev, n in self.rs.bytes_by_device().items():
+            one = n // self.rs.n_planes
+            m.add("recurrent", dev, one)
+            m.add(extra, dev, n - one)
+        for dev, n in self.sched.buffer_sizes().items():
+            m.add("compute", dev, n)
+        if self.mtp is not None:
+            for dev, n in self.mtp_kv.bytes_by_device().items():
+                m.add("mtp_kv", dev, n)
+            for dev, n in self.mtp_sched.buffer_sizes().items():
+                m.add("compute", dev, n)
+        if self.samplers is not None and self.samplers.stats.buffer_bytes:
+            m.add("sampling", self.placement.output_device, self.samplers.stats.buffer_bytes)
+        return m.to_dict()

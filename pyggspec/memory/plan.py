@@ -1,0 +1,110 @@
+"""Memory per component and device: predicted before allocating, reported after.
+
+``plan_memory`` predicts, from hparams and a placement, what an engine with these options
+will allocate; ``Engine.memory()`` reports the same components from the real buffers, so
+``pyggspec inspect`` and ``pyggspec run --json`` can be compared line by line. Compute
+buffers are ggml's allocator's business: they are estimated from the largest ubatch (a
+few percent of the total on real models); everything else is exact arithmetic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyggspec.modelfile import HParams, ggml_type
+
+COMPONENTS = ("weights", "kv", "mtp_kv", "recurrent", "snapshots", "checkpoints", "sampling",
+              "compute")
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes by component, then by device name."""
+
+    components: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def add(self, component: str, device: str, nbytes: int) -> None:
+        if nbytes:
+            per = self.components.setdefault(component, {})
+            per[device] = per.get(device, 0) + int(nbytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(sum(d.values()) for d in self.components.values())
+
+    def by_device(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for per in self.components.values():
+            for dev, n in per.items():
+                out[dev] = out.get(dev, 0) + n
+        return out
+
+    def to_dict(self) -> dict:
+        d: dict = {"total_bytes": self.total_bytes}
+        for c in COMPONENTS:
+            if c in self.components:
+                d[c] = dict(self.components[c])
+        d["by_device"] = self.by_device()
+        return d
+
+
+def _ffn_width(hp: HParams) -> int:
+    """Widest FFN activation per token (MoE: the routed experts; the shared expert's
+    buffers are reused after them)."""
+    if hp.is_moe:
+        return hp.n_ff_exp * hp.n_expert_used
+    return hp.n_ff
+
+
+def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
+                layer_devices: list[str] | tuple[str, ...], output_device: str, *, n_ctx: int,
+                n_parallel: int, n_ubatch: int = 512,
+                type_k: str = "f16", type_v: str = "f16", spec_n_max: int = 0,
+                rollback: str | None = None, mtp_device: str | None = None,
+                mtp_hp: HParams | None = None, mtp_type_k: str = "f16",
+                mtp_type_v: str = "f16") -> MemoryPlan:
+    """What an engine with these options allocates (``spec_n_max`` > 0: draft-mtp)."""
+    plan = MemoryPlan()
+    for dev, n in weights_by_device.items():
+        plan.add("weights", dev, n)
+    spec = spec_n_max > 0
+    cells = n_ctx + (spec_n_max + 2 if spec else 0)
+    tk, tv = ggml_type(type_k), ggml_type(type_v)
+    kv_row = tk.row_bytes(hp.n_embd_k_gqa) + tv.row_bytes(hp.n_embd_v_gqa)
+    state = (hp.n_embd_r + hp.n_embd_s) * 4 * n_parallel
+    planes = 1
+    if spec:
+        planes = spec_n_max + 3 if rollback == "snapshot" else 2
+    for il in range(hp.n_layer):
+        dev = layer_devices[il]
+        if hp.is_recurrent(il):
+            plan.add("recurrent", dev, state)
+            if planes > 1:
+                plan.add("snapshots" if rollback == "snapshot" else "checkpoints", dev,
+                         state * (planes - 1))
+        else:
+            plan.add("kv", dev, kv_row * cells * n_parallel)
+    if spec:
+        mh = mtp_hp or hp
+        mk, mv = ggml_type(mtp_type_k), ggml_type(mtp_type_v)
+        row = mk.row_bytes(mh.n_embd_k_gqa) + mv.row_bytes(mh.n_embd_v_gqa)
+        plan.add("mtp_kv", mtp_device or output_device, row * cells * n_parallel)
+    # compute buffers (estimate, fitted on the 0.8B and tiny shapes): per token of the
+    # largest ubatch the attention mask row plus the live activations of the widest layer
+    # (the gated-delta-net's conv channels, or the FFN), and the logits rows of a step
+    vocab_row = 4 * n_vocab
+    rows = n_parallel * (_padded(spec_n_max + 1) if spec else 1)
+    ub = min(n_ubatch, n_ctx)
+    mask = 2 * min(n_ctx, 2 * max(ub, 256))
+    act = 4 * max(2.5 * hp.conv_dim, 3 * _ffn_width(hp))
+    plan.add("compute", output_device, int(ub * (mask + act)) + rows * vocab_row)
+    if spec:
+        mh = mtp_hp or hp
+        plan.add("compute", mtp_device or output_device,
+                 int(ub * (mask + 2048 + 4 * 7 * _ffn_width(mh))) + n_parallel * vocab_row)
+    return plan
+
+
+def _padded(t: int) -> int:
+    return t + 1 if t >= 3 and t % 2 else t
+
