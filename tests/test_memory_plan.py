@@ -52,3 +52,34 @@ def test_inspect_prediction_matches_run_allocation(models, arch, rollback, n_max
         pred_total = pred["total_bytes"]
     assert pred_total == pytest.approx(got["total_bytes"], rel=0.05)
     assert got["compute"]["CPU"] > 0
+
+
+def test_snapshots_that_do_not_fit_fall_back_to_checkpoints(models, monkeypatch):
+    """auto picks snapshots; when the devices cannot hold them it says so and degrades to
+    checkpoints before allocating anything; when even that does not fit, a clear error."""
+    from pyggspec.errors import PyggspecError
+    from pyggspec.ggml.device import Device
+
+    path = models["dense"]
+    with Engine(path, n_ctx=512, n_parallel=2, n_threads=2, n_gpu_layers=0,
+                spec_type="draft-mtp", spec=SpecConfig(n_max=4)) as e:
+        assert e.rollback == "snapshot"
+        snap = e.memory_plan.total_bytes - sum(e.memory_plan.components["weights"].values())
+        ck_plan = e.memory_plan.components.get("snapshots", {})
+    real = Device.memory
+
+    def limited(self, free_bytes):
+        free, total = real(self)
+        return (min(free, free_bytes), total) if self.is_cpu else (free, total)
+
+    budget = snap - sum(ck_plan.values()) // 2  # enough for checkpoints, not for snapshots
+    monkeypatch.setattr(Device, "memory", lambda self: limited(self, budget))
+    with Engine(path, n_ctx=512, n_parallel=2, n_threads=2, n_gpu_layers=0,
+                spec_type="draft-mtp", spec=SpecConfig(n_max=4)) as e:
+        assert e.rollback == "checkpoint"
+        out = e.generate_batch([[300, 301]], max_tokens=8, ignore_eos=True)
+        assert len(out[0].tokens) == 8
+    monkeypatch.setattr(Device, "memory", lambda self: limited(self, 1024))
+    with pytest.raises(PyggspecError, match="MiB are free"):
+        Engine(path, n_ctx=512, n_parallel=2, n_threads=2, n_gpu_layers=0,
+               spec_type="draft-mtp", spec=SpecConfig(n_max=4))

@@ -29,7 +29,7 @@ class SpecConfig:
     n_max: int = 3  # --spec-draft-n-max
     n_min: int = 0  # --spec-draft-n-min
     p_min: float = 0.0  # --spec-draft-p-min
-    rollback: str = "snapshot"  # "snapshot" | "checkpoint"
+    rollback: str = "auto"  # "auto" | "snapshot" | "checkpoint"
     draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
 
 
@@ -157,7 +157,8 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
         tokens[b, len(row):] = row[-1]
     rs = engine.rs
     src = np.array([rs.row(s.slot) for s in live], np.int32)
-    if cfg.rollback == "snapshot":
+    snapshot = engine.rollback == "snapshot"  # resolved by the engine ("auto" -> one mode)
+    if snapshot:
         planes = [rs.spare_planes(s.slot)[:T] for s in live]  # plane for state after token T-1-j
         dst = np.array([[rs.row(s.slot, planes[b][j]) for b, s in enumerate(live)]
                         for j in range(T)], np.int32)
@@ -194,7 +195,7 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
         s.out.extend(emitted)
         s.budget -= len(emitted)
         engine.kv.lengths[s.slot] = s.pos + n + 1  # pending + n accepted drafts are committed
-        if cfg.rollback == "snapshot":
+        if snapshot:
             rs.set_current(s.slot, planes[b][T - 1 - n])
         elif n == T - 1:  # everything (and no padding) accepted: the new state is complete
             rs.set_current(s.slot, spare[b])
