@@ -138,10 +138,10 @@ class Engine:
                 rpc_used = sorted({d for d in self.placement.tensor_devices.values()
                                    if get_device(d).is_rpc})
                 if rpc_used:
-                    # Known issue: speculation alternates target and MTP graphs, and
-                    # re-allocating a graph that ran before on an RPC backend makes the
-                    # rpc-server read inputs from stale places (server-side GGML_ASSERTs in
-                    # get_rows / rms_norm, then the client aborts). Refuse cleanly instead.
+                    # Known issue: when target and MTP graphs alternate on an RPC backend,
+                    # recomputing a graph after another graph ran there makes the rpc-server
+                    # fail GGML_ASSERTs (get_rows index, rms_norm shapes) and the client
+                    # abort -- also with one scheduler per graph. Refuse cleanly instead.
                     raise PyggspecError(rpc_used[0], "speculative decoding with weights on an "
                                         "RPC device is not supported yet; use -ngl 0 or a "
                                         "local device")
