@@ -528,13 +528,7 @@ class Engine:
         for slot, toks in ids.items():
             t = samplers.choose(slot, res[slot].logits[-1])
             s = SeqState(slot, len(toks), t, [], np.zeros((0, 0), np.float32), 0, max_tokens)
-            if is_stop(t):
-                s.done, s.stop_reason = True, "eos"
-            else:
-                samplers.accept(slot, t)
-                s.out.append(t)
-                s.budget -= 1
-                s.done = s.budget <= 0
+            s.first_token(t, samplers, is_stop)
             seqs.append(s)
         return seqs
 

@@ -155,3 +155,16 @@ def test_graph_reused_across_decode_steps(model_dir):
             e.eval([6 + t])
         assert e.target.graphs.misses == misses  # no rebuild while the shape is unchanged
         assert e.target.last_python_ms > 0
+
+
+def test_step_fast_path_equals_eval(model_dir):
+    """Engine.step (one token, no per-call allocation) gives eval's logits."""
+    path = make(model_dir, "dense")
+    with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, load_tokenizer=False) as e:
+        e.eval(PROMPT, 0)
+        e.eval(PROMPT, 1)
+        ref = e.eval([17, 18], 0)
+        a = e.step(1, 17).copy()
+        b = e.step(1, 18).copy()
+        assert rel_err(a, ref[0]) <= 1e-6 and rel_err(b, ref[1]) <= 1e-6
+        assert e.seq_len(1) == len(PROMPT) + 2

@@ -90,6 +90,16 @@ class SeqState:
     done: bool = False
     stop_reason: str = "length"
 
+    def first_token(self, token: int, samplers, is_stop: Callable[[int], bool]) -> None:
+        """Record the token sampled after the prompt (or stop at a stop token)."""
+        if is_stop(token):
+            self.done, self.stop_reason = True, "eos"
+            return
+        samplers.accept(self.slot, token)
+        self.out.append(token)
+        self.budget -= 1
+        self.done = self.budget <= 0
+
 
 
 
@@ -236,14 +246,7 @@ def prefill(engine, drafter: MtpDrafter, prompts: dict[int, list[int]], stats: S
         paired = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])  # h_{q-1}
         s = SeqState(slot, pos=P, pending=t, new_tokens=[t], new_hidden=h[-1:].copy(),
                      new_pos0=P, budget=max_tokens)
-        if is_stop(t):
-            s.done, s.stop_reason = True, "eos"
-        else:
-            samplers.accept(slot, t)
-            s.out.append(t)
-            s.budget -= 1
-            if s.budget <= 0:
-                s.done = True
+        s.first_token(t, samplers, is_stop)
         seqs.append(s)
         warm.append(DraftRequest(slot, 0, list(ids), paired, 0))
     # warm the MTP cache in chunks of at most n_ubatch rows per sequence
