@@ -134,17 +134,6 @@ class Engine:
             names = [d.name for d in devices() if d.reachable()]
             self.placement = plan_placement(trunk, names, n_gpu_layers, device, override_tensor,
                                             cpu_moe, include_mtp=grafted)
-            if self.spec_type:
-                rpc_used = sorted({d for d in self.placement.tensor_devices.values()
-                                   if get_device(d).is_rpc})
-                if rpc_used:
-                    # Known issue: when target and MTP graphs alternate on an RPC backend,
-                    # recomputing a graph after another graph ran there makes the rpc-server
-                    # fail GGML_ASSERTs (get_rows index, rms_norm shapes) and the client
-                    # abort -- also with one scheduler per graph. Refuse cleanly instead.
-                    raise PyggspecError(rpc_used[0], "speculative decoding with weights on an "
-                                        "RPC device is not supported yet; use -ngl 0 or a "
-                                        "local device")
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
                                         progress=progress)
             self._closers.append(self.weights)

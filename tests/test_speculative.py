@@ -284,8 +284,32 @@ def test_cli_backend_sampling_identical_tokens(spec_dir):
     assert on["bytes_d2h_per_token"] < off["bytes_d2h_per_token"]
 
 
-def test_spec_with_rpc_offload_is_refused_cleanly(spec_dir, rpc_device):
-    """Known limitation (see engine.py): refused with a clear error, never an abort."""
+def test_spec_with_rpc_partial_offload_is_lossless(spec_dir, rpc_device):
+    """The last layers, the MTP block and the LM head on a second real device (RPC); auto
+    rollback picks snapshots there too."""
     path = agreement_model(spec_dir, "dense", 0.8)
-    with pytest.raises(PyggspecError, match="RPC device is not supported yet"):
-        Engine(path, n_gpu_layers=2, device=rpc_device.name, spec_type="draft-mtp")
+    ref = plain_outputs(path, PROMPTS[:2], 20)
+    for rb in ("auto", "checkpoint"):
+        with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, n_gpu_layers=3,
+                    device=rpc_device.name, spec_type="draft-mtp",
+                    spec=SpecConfig(rollback=rb)) as e:
+            assert rpc_device.name in e.placement.layer_devices
+            assert e.rollback == ("snapshot" if rb == "auto" else rb)
+            out = [r.tokens for r in e.generate_batch(PROMPTS[:2], max_tokens=20,
+                                                      ignore_eos=True)]
+            assert 0 < e.stats.n_accepted
+            assert e.memory()["weights"].get(rpc_device.name, 0) > 0
+        assert out == ref
+
+
+def test_rpc_offload_alternating_graphs_equals_cpu(spec_dir, rpc_device):
+    """Prefill and decode graphs alternating on two backends (graphs rebuilt on a switch)."""
+    path = agreement_model(spec_dir, "moe", 0.8)
+    seqs = ([300, 301, 302], [5], [303, 304, 305], [6], [7, 8, 9])
+    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False) as e:
+        ref = [e.eval(t) for t in seqs]
+    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False, n_gpu_layers=3,
+                device=rpc_device.name) as e:
+        out = [e.eval(t) for t in seqs]
+    for a, b in zip(out, ref):
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()

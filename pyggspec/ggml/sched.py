@@ -77,6 +77,13 @@ class Scheduler:
             raise DeviceError(None, "could not reserve compute buffers")
         self._allocated = None
 
+    @property
+    def multi_backend(self) -> bool:
+        return len(self.backends) > 1
+
+    def is_current(self, graph: Graph) -> bool:
+        return self._allocated is graph
+
     def alloc(self, graph: Graph) -> None:
         """Split and allocate ``graph`` unless it is the one already allocated."""
         if self._allocated is graph:
@@ -141,6 +148,12 @@ class GraphCache:
             _, old = self._entries.popitem(last=False)
             old.close()
         return entry
+
+    def drop(self, key: Hashable) -> None:
+        """Forget one entry (closing it)."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            entry.close()
 
     def clear(self) -> None:
         while self._entries:

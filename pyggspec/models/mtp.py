@@ -109,6 +109,7 @@ class MtpWeights:
 
 
 class MtpGraph:
+    used = False  # allocated and computed at least once
     def __init__(self, hp: HParams, w: MtpWeights, kv: KVCache, shape: MtpShape) -> None:
         T, B = shape.n_seq_tokens, shape.n_seqs
         n, il, n_embd = T * B, w.block, hp.n_embd
@@ -234,6 +235,11 @@ class Mtp:
                          self.device_argmax, self.draft_vocab)
         build: Callable = lambda s: MtpGraph(self.hp, self.weights, self.kv, s)
         g = self.graphs.get(shape, build)
+        if self.sched.multi_backend and not self.sched.is_current(g) and g.used:
+            # see Target.run: on several backends a graph is only reused while current
+            self.graphs.drop(shape)
+            g = self.graphs.get(shape, build)
+        g.used = True
         self.sched.alloc(g.graph)
         t_alloc = time.perf_counter()
         g.set_inputs(mb, self.kv.n_ctx)

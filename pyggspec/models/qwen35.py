@@ -65,6 +65,7 @@ def kv_window(max_pos_end: int, n_ctx: int) -> int:
 
 
 class TargetGraph:
+    used = False  # allocated and computed at least once
     """A built trunk graph for one :class:`UBatchShape` with its named inputs/outputs."""
 
     def __init__(self, hp: HParams, weights, kv: KVCache, rs: RecurrentState,
@@ -222,8 +223,15 @@ class Target:
             ub.state_src = rows
             ub.state_dst = rows[None, :]
         shape = self.shape_of(ub)
-        g = self.graphs.get(shape, lambda s: TargetGraph(
-            self.hp, self.weights, self.kv, self.rs, s, self.plans.get(s.sampling)))
+        build = (lambda s: TargetGraph(self.hp, self.weights, self.kv, self.rs, s,
+                                       self.plans.get(s.sampling)))
+        g = self.graphs.get(shape, build)
+        if self.sched.multi_backend and not self.sched.is_current(g) and g.used:
+            # ggml's scheduler rewrote this graph's inputs to copies in a context it has
+            # freed since: on several backends a graph is only reused while it stays current
+            self.graphs.drop(shape)
+            g = self.graphs.get(shape, build)
+        g.used = True
         self.sched.alloc(g.graph)
         t_alloc = time.perf_counter()
         g.set_inputs(ub, self.kv.n_ctx)
