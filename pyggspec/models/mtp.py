@@ -18,20 +18,19 @@ drafts over the first N token ids only: the LM head is most of a draft step's co
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from pyggspec.ggml.context import Context
-from pyggspec.ggml.sched import Graph, GraphCache, Scheduler
+from pyggspec.ggml.sched import Graph, Scheduler
 from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache
 from pyggspec.modelfile import HParams
 from pyggspec.models import layers
 from pyggspec.models.layers import Builder, CausalInputs
 from pyggspec.models.qwen35 import kv_window
+from pyggspec.models.runner import GraphRunner
 
 GRAPH_SIZE = 2048
 
@@ -209,53 +208,28 @@ class MtpGraph:
         self.ctx.close()
 
 
-class Mtp:
+class Mtp(GraphRunner):
     """Runs MTP batches on its own scheduler (so target and draft graphs never evict each
     other's allocation), with graphs reused by shape."""
 
     def __init__(self, hp: HParams, weights: MtpWeights, kv: KVCache, sched: Scheduler,
                  device_argmax: bool = True, cache_size: int = 12, draft_vocab: int = 0) -> None:
+        super().__init__(sched, cache_size)
         self.hp = hp
         self.weights = weights
         self.kv = kv
-        self.sched = sched
         self.device_argmax = device_argmax
         self.draft_vocab = draft_vocab
-        self.graphs = GraphCache(cache_size)
-        self.last_python_ms = 0.0
-        self.compute_ms_total = 0.0  # device time of all steps (graph compute)
-        self.build_ms_total = 0.0  # graph builds and (re)allocations
         self.n_evals = 0
 
     def run(self, mb: MtpBatch) -> MtpResult:
-        t0 = time.perf_counter()
         B, T = mb.tokens.shape
         end = int((mb.pos0 + T).max())
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), tuple(mb.slots), len(mb.outputs),
                          self.device_argmax, self.draft_vocab)
-        build: Callable = lambda s: MtpGraph(self.hp, self.weights, self.kv, s)
-        g = self.graphs.get(shape, build)
-        if self.sched.multi_backend and not self.sched.is_current(g) and g.used:
-            # see Target.run: on several backends a graph is only reused while current
-            self.graphs.drop(shape)
-            g = self.graphs.get(shape, build)
-        g.used = True
-        self.sched.alloc(g.graph)
-        t_alloc = time.perf_counter()
-        g.set_inputs(mb, self.kv.n_ctx)
-        t1 = time.perf_counter()
-        self.sched.compute(g.graph)
-        t2 = time.perf_counter()
-        res = g.read()
+        res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s),
+                           lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read())
         for b, slot in enumerate(mb.slots):
             self.kv.lengths[slot] = int(mb.pos0[b]) + T
         self.n_evals += 1
-        # host work of a step: inputs and outputs (graph builds/allocations counted apart)
-        self.last_python_ms = ((t1 - t_alloc) + (time.perf_counter() - t2)) * 1000
-        self.last_build_ms = (t_alloc - t0) * 1000
-        self.compute_ms_total += (t2 - t1) * 1000
-        self.build_ms_total += self.last_build_ms
         return res
-
-    def close(self) -> None:
-        self.graphs.clear()

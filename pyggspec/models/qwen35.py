@@ -7,18 +7,18 @@ and reads the logits (and, for MTP, the post-norm hidden rows ``h_nextn``).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from pyggspec.ggml.context import Context
-from pyggspec.ggml.sched import Graph, GraphCache, Scheduler
+from pyggspec.ggml.sched import Graph, Scheduler
 from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import HParams
 from pyggspec.models import layers
 from pyggspec.models.layers import Builder, CausalInputs, RecurrentInputs
+from pyggspec.models.runner import GraphRunner
 
 KV_PAD = 256  # attended cache window grows in steps of this many cells (graph reuse)
 GRAPH_SIZE = 16384
@@ -179,21 +179,17 @@ class TargetGraph:
 
 
 
-class Target:
+class Target(GraphRunner):
     """Runs trunk ubatches on a scheduler, reusing graphs by shape."""
 
     def __init__(self, hp: HParams, weights, kv: KVCache, rs: RecurrentState,
                  sched: Scheduler, cache_size: int = 8) -> None:
+        super().__init__(sched, cache_size)
         self.hp = hp
         self.weights = weights
         self.kv = kv
         self.rs = rs
-        self.sched = sched
-        self.graphs = GraphCache(cache_size)
         self.plans: dict[int, object] = {}  # sampling plans by id (id 0 = none)
-        self.last_python_ms = 0.0
-        self.compute_ms_total = 0.0  # device time of all steps (graph compute)
-        self.build_ms_total = 0.0  # graph builds and (re)allocations
 
     def register_plan(self, plan) -> int:
         """Make a sampling plan usable in graphs; returns its id for UBatch.sampling."""
@@ -217,40 +213,20 @@ class Target:
         Without explicit ``state_src/state_dst`` each sequence reads and overwrites its
         current recurrent row.
         """
-        t0 = time.perf_counter()
         if ub.state_src is None:
             rows = np.array([self.rs.row(s) for s in ub.slots], dtype=np.int32)
             ub.state_src = rows
             ub.state_dst = rows[None, :]
         shape = self.shape_of(ub)
-        build = (lambda s: TargetGraph(self.hp, self.weights, self.kv, self.rs, s,
-                                       self.plans.get(s.sampling)))
-        g = self.graphs.get(shape, build)
-        if self.sched.multi_backend and not self.sched.is_current(g) and g.used:
-            # ggml's scheduler rewrote this graph's inputs to copies in a context it has
-            # freed since: on several backends a graph is only reused while it stays current
-            self.graphs.drop(shape)
-            g = self.graphs.get(shape, build)
-        g.used = True
-        self.sched.alloc(g.graph)
-        t_alloc = time.perf_counter()
-        g.set_inputs(ub, self.kv.n_ctx)
-        t1 = time.perf_counter()
-        self.sched.compute(g.graph)
-        t2 = time.perf_counter()
-        logits, hidden, ids = g.read_outputs(ub)
+        logits, hidden, ids = self.execute(
+            shape,
+            lambda s: TargetGraph(self.hp, self.weights, self.kv, self.rs, s,
+                                  self.plans.get(s.sampling)),
+            lambda g: g.set_inputs(ub, self.kv.n_ctx),
+            lambda g: g.read_outputs(ub))
         if copy:
             logits = logits.copy() if logits is not None else None
             hidden = hidden.copy() if hidden is not None else None
-        T = shape.n_seq_tokens
         for b, slot in enumerate(ub.slots):
-            self.kv.lengths[slot] = int(ub.pos0[b]) + T
-        # host work of a step: inputs and outputs (graph builds/allocations counted apart)
-        self.last_python_ms = ((t1 - t_alloc) + (time.perf_counter() - t2)) * 1000
-        self.last_build_ms = (t_alloc - t0) * 1000
-        self.compute_ms_total += (t2 - t1) * 1000
-        self.build_ms_total += self.last_build_ms
+            self.kv.lengths[slot] = int(ub.pos0[b]) + shape.n_seq_tokens
         return StepResult(logits, hidden, ids)
-
-    def close(self) -> None:
-        self.graphs.clear()
