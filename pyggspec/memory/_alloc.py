@@ -51,3 +51,15 @@ class LayerTensors:
             c.close()
         self._bufs.clear()
         self._ctxs.clear()
+
+
+class LayerMemory:
+    """Base of the caches built on :class:`LayerTensors`: byte accounting and closing."""
+
+    _mem: LayerTensors
+
+    def bytes_by_device(self) -> dict[str, int]:
+        return self._mem.bytes_by_device()
+
+    def close(self) -> None:
+        self._mem.close()

@@ -13,12 +13,12 @@ from pyggspec.errors import PyggspecError
 from pyggspec.ggml.device import Device
 from pyggspec.ggml.dtypes import GGMLType
 from pyggspec.ggml.tensor import Tensor
-from pyggspec.memory._alloc import LayerTensors
+from pyggspec.memory._alloc import LayerMemory, LayerTensors
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
-class KVCache:
+class KVCache(LayerMemory):
     """K and V tensors ``[n_embd_kv, n_ctx, n_slots]`` for each attention layer."""
 
     def __init__(self, layer_devices: dict[int, Device], n_embd_k: int, n_embd_v: int,
@@ -49,16 +49,6 @@ class KVCache:
     def v(self, il: int) -> Tensor:
         return self._mem.get("v", il)
 
-    def bytes_by_device(self) -> dict[str, int]:
-        return self._mem.bytes_by_device()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.bytes_by_device().values())
-
-    def bytes_per_seq(self) -> int:
-        return self.nbytes // max(1, self.n_slots)
-
     # --- sequence operations --------------------------------------------------------
     def clear(self, slot: int) -> None:
         self.lengths[slot] = 0
@@ -76,6 +66,3 @@ class KVCache:
                 data = t.read_bytes(src * self.n_ctx * row, n * row)
                 t.set(memoryview(data), dst * self.n_ctx * row)
         self.lengths[dst] = n
-
-    def close(self) -> None:
-        self._mem.close()

@@ -22,7 +22,7 @@ import numpy as np
 
 from pyggspec.ggml.device import Device
 from pyggspec.ggml.tensor import Tensor
-from pyggspec.memory._alloc import LayerTensors
+from pyggspec.memory._alloc import LayerMemory, LayerTensors
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class SlotSnapshot:
     data: dict[tuple[str, int], bytes]
 
 
-class RecurrentState:
+class RecurrentState(LayerMemory):
     def __init__(self, layer_devices: dict[int, Device], n_embd_r: int, n_embd_s: int,
                  n_slots: int, n_planes: int = 1, label: str = "recurrent") -> None:
         if n_planes < 1:
@@ -56,17 +56,6 @@ class RecurrentState:
 
     def ssm(self, il: int) -> Tensor:
         return self._mem.get("ssm", il)
-
-    def bytes_by_device(self) -> dict[str, int]:
-        return self._mem.bytes_by_device()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.bytes_by_device().values())
-
-    def bytes_per_seq(self) -> int:
-        """State bytes of one sequence, all planes included."""
-        return self.nbytes // max(1, self.n_slots)
 
     # --- row bookkeeping ---------------------------------------------------------------
     def row(self, slot: int, plane: int | None = None) -> int:
@@ -109,6 +98,3 @@ class RecurrentState:
 
     def copy(self, src: int, dst: int) -> None:
         self.restore(self.snapshot(src), dst)
-
-    def close(self) -> None:
-        self._mem.close()
