@@ -263,6 +263,13 @@ class TopK(Stage):
         return (self.name, self.k)
 
 
+def _probs64(c: Cand) -> np.ndarray:
+    """Softmax in float64 over canonically ordered, non-empty candidates."""
+    x = c.logits.astype(np.float64)
+    w = np.exp(x - x[0])
+    return w / w.sum()
+
+
 @dataclass(frozen=True)
 class TopP(Stage):
     """Nucleus filter. Host only: it thresholds a cumulative sum of exponentials, and ggml's
@@ -276,10 +283,8 @@ class TopP(Stage):
         c = c.canonical()
         if len(c.logits) == 0:
             return c
-        x = c.logits.astype(np.float64)
-        w = np.exp(x - x[0])
-        cum = np.cumsum(w / w.sum())
-        n = min(int(np.searchsorted(cum, self.p, side="left")) + 1, len(x))
+        cum = np.cumsum(_probs64(c))
+        n = min(int(np.searchsorted(cum, self.p, side="left")) + 1, len(cum))
         return Cand(c.ids[:n], c.logits[:n])
 
 
@@ -294,9 +299,7 @@ class TypicalP(Stage):
         c = c.canonical()
         if len(c.logits) == 0:
             return c
-        x = c.logits.astype(np.float64)
-        w = np.exp(x - x[0])
-        p = w / w.sum()
+        p = _probs64(c)
         with np.errstate(divide="ignore", invalid="ignore"):
             logp = np.log(p)
             ent = -np.sum(np.where(p > 0, p * logp, 0.0))
