@@ -63,6 +63,8 @@ int64_t ggml_blck_size(enum ggml_type type);
 size_t  ggml_type_size(enum ggml_type type);
 size_t  ggml_row_size(enum ggml_type type, int64_t ne);
 bool    ggml_is_quantized(enum ggml_type type);
+bool    ggml_quantize_requires_imatrix(enum ggml_type type);
+size_t  ggml_quantize_chunk(enum ggml_type type, const float * src, void * dst, int64_t start, int64_t nrows, int64_t n_per_row, const float * imatrix);
 int64_t ggml_nelements(const struct ggml_tensor * tensor);
 int64_t ggml_nrows(const struct ggml_tensor * tensor);
 size_t  ggml_nbytes(const struct ggml_tensor * tensor);
