@@ -90,6 +90,7 @@ class Scheduler:
             return
         lib = _lib.lib
         lib.ggml_backend_sched_reset(self.ptr)
+        self._allocated = None  # even if the allocation below fails
         # a graph allocated before holds addresses in buffers that may be gone now
         lib.pyggspec_ctx_forget_alloc(graph.ctx.ptr)
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):

@@ -7,7 +7,8 @@ and reads the logits (and, for MTP, the post-norm hidden rows ``h_nextn``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -109,17 +110,17 @@ class TargetGraph:
                 sel = ctx.get_rows(h, self.out_ids)
             b.cb(sel, "result_norm")
             self.logits = b.cb(ctx.mul_mat(weights.get("output.weight"), sel), "result_output")
+            # an output even under device sampling (only ids or candidates are read then):
+            # kept intact, it lets a step whose sampling part failed finish on the host
+            self.logits.set_output()
+            graph.expand(self.logits)
             self.sampling = None
             if plan is not None:  # the chain's device prefix: candidates or ids come back
                 from pyggspec.sampling import DeviceSampling
 
-                plan_obj, stats = plan
                 rows_per_seq = shape.n_outputs // B if shape.n_outputs % B == 0 else 1
-                self.sampling = DeviceSampling.build(ctx, graph, self.logits, plan_obj,
-                                                     rows_per_seq, stats)
-            else:
-                self.logits.set_output()
-                graph.expand(self.logits)
+                self.sampling = DeviceSampling.build(ctx, graph, self.logits, plan,
+                                                     rows_per_seq)
             self.hidden = None
             if shape.hidden:
                 self.hidden = h.set_output()
@@ -134,7 +135,7 @@ class TargetGraph:
         self._dst = np.zeros((shape.n_write, B), dtype=np.int32)
         self._out_ids = np.zeros(shape.n_outputs, dtype=np.int32)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
-                        if self.sampling is None else None)
+                        if self.sampling is None else None)  # sampling: made on a failure
         self._hidden = (np.zeros((n_tok, h.ne[0]), dtype=np.float32) if shape.hidden else None)
 
     def _bind(self) -> None:
@@ -149,7 +150,7 @@ class TargetGraph:
         self._hidden_out = HostBinding(self.hidden, self._hidden) if self.hidden else None
         self._bound = True
 
-    def set_inputs(self, ub: UBatch, n_ctx: int) -> None:
+    def set_inputs(self, ub: UBatch, n_ctx: int, sampling_stats=None) -> None:
         if not self._bound:
             self._bind()
         self._tokens[:] = ub.tokens.reshape(-1)
@@ -161,16 +162,25 @@ class TargetGraph:
         for b in self._inputs:
             b.push()
         if self.sampling is not None:
+            if sampling_stats is not None:
+                self.sampling.attach(sampling_stats)
             self.sampling.set_inputs(ub.rows)
 
     def read_outputs(self, ub: UBatch) -> tuple[np.ndarray | None, np.ndarray | None,
-                                                np.ndarray | None]:
-        """(logits [n_out, n_vocab] or None, hidden rows, sampled ids or None); the arrays
-        are reused by the next step."""
+                                                np.ndarray | None, Exception | None]:
+        """(logits [n_out, n_vocab] or None, hidden rows, sampled ids or None, the error of
+        a failed sampling part); the arrays are reused by the next step. When the sampling
+        part fails after compute, the raw logits (a graph output) come back instead."""
         hidden = self._hidden_out.pull() if self._hidden_out is not None else None
-        if self.sampling is not None:
-            return None, hidden, self.sampling.finish_host(ub.rows)
-        return self._logits_out.pull(), hidden, None
+        if self.sampling is None:
+            return self._logits_out.pull(), hidden, None, None
+        try:
+            return None, hidden, self.sampling.finish_host(ub.rows), None
+        except Exception as e:  # noqa: BLE001 - any failure of the sampling part
+            if self._logits_out is None:
+                self._logits = np.zeros((self.shape.n_outputs, self.logits.ne[0]), np.float32)
+                self._logits_out = HostBinding(self.logits, self._logits)
+            return self._logits_out.pull(), hidden, None, e
 
     def close(self) -> None:
         if self.sampling is not None:
@@ -190,14 +200,23 @@ class Target(GraphRunner):
         self.kv = kv
         self.rs = rs
         self.plans: dict[int, object] = {}  # sampling plans by id (id 0 = none)
+        self._plan_ids: dict[object, int] = {}  # plan.key -> id
+        self._plan_users: dict[int, tuple[object, Callable[[Exception], None]]] = {}
 
-    def register_plan(self, plan) -> int:
-        """Make a sampling plan usable in graphs; returns its id for UBatch.sampling."""
-        for pid, p in self.plans.items():
-            if p is plan:
-                return pid
-        pid = len(self.plans) + 1
-        self.plans[pid] = plan
+    def register_plan(self, plan, stats, on_fail: Callable[[Exception], None]) -> int:
+        """Make a sampling plan usable in graphs; returns its id for UBatch.sampling.
+
+        Plans with equal ``plan.key`` (same chain structure, device and rows) get one id,
+        so graphs are built once, not per generation. ``stats`` counts the traffic of the
+        steps from now on; ``on_fail(exc)`` is told when the plan's device part fails
+        (the step is then redone with logits, which come back instead of ids).
+        """
+        pid = self._plan_ids.get(plan.key)
+        if pid is None:
+            pid = len(self.plans) + 1
+            self.plans[pid] = plan
+            self._plan_ids[plan.key] = pid
+        self._plan_users[pid] = (stats, on_fail)
         return pid
 
     def shape_of(self, ub: UBatch) -> UBatchShape:
@@ -212,21 +231,50 @@ class Target(GraphRunner):
 
         Without explicit ``state_src/state_dst`` each sequence reads and overwrites its
         current recurrent row.
+
+        With ``ub.sampling`` set, a failure of the sampling part falls back to the host:
+        before compute (graph build, allocation, inputs) the step is redone with a logits
+        graph; after compute the raw logits are read. Either way ``ids`` is None and
+        ``logits`` come back, and the plan's ``on_fail`` is told. A failed compute is not
+        redone (the recurrent state may have been advanced already): it raises.
         """
         if ub.state_src is None:
             rows = np.array([self.rs.row(s) for s in ub.slots], dtype=np.int32)
             ub.state_src = rows
             ub.state_dst = rows[None, :]
+        if ub.sampling:
+            stats, on_fail = self._plan_users[ub.sampling]
+            computing = False
+
+            def feed(g: TargetGraph) -> None:
+                nonlocal computing
+                g.set_inputs(ub, self.kv.n_ctx, stats)
+                computing = True
+
+            try:
+                res, err = self._run(ub, copy, feed)
+            except Exception as e:
+                if computing:
+                    raise
+                res, err = None, e
+            if err is not None:
+                on_fail(err)
+            if res is not None:
+                return res
+            ub = replace(ub, sampling=0, rows=None)
+        return self._run(ub, copy, lambda g: g.set_inputs(ub, self.kv.n_ctx))[0]
+
+    def _run(self, ub: UBatch, copy: bool,
+             feed: Callable[[TargetGraph], None]) -> tuple[StepResult, Exception | None]:
         shape = self.shape_of(ub)
-        logits, hidden, ids = self.execute(
+        logits, hidden, ids, err = self.execute(
             shape,
             lambda s: TargetGraph(self.hp, self.weights, self.kv, self.rs, s,
                                   self.plans.get(s.sampling)),
-            lambda g: g.set_inputs(ub, self.kv.n_ctx),
-            lambda g: g.read_outputs(ub))
+            feed, lambda g: g.read_outputs(ub))
         if copy:
             logits = logits.copy() if logits is not None else None
             hidden = hidden.copy() if hidden is not None else None
         for b, slot in enumerate(ub.slots):
             self.kv.lengths[slot] = int(ub.pos0[b]) + shape.n_seq_tokens
-        return StepResult(logits, hidden, ids)
+        return StepResult(logits, hidden, ids), err

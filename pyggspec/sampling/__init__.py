@@ -43,10 +43,19 @@ Planning and fallback
     ``[n_vocab, n_rows]`` shape on the output device; the longest supported prefix runs in
     the graph, a top_k or token-choosing stage ends it. What comes back is the chosen id,
     k candidates (ids + logits), or (when the prefix ends on a host-only stage) the
-    filtered logits. Backend sampling off, a split output layer, an unsupported op, or a
-    failed device call (``DeviceSampling.fail``) send the chain (or its rest) to the host;
-    each reason is logged once on logger ``pyggspec.sampling`` and counted in stats.
-    ``force_unsupported("TOP_K")`` is the test hook.
+    filtered logits. Backend sampling off, a split output layer or an unsupported op send
+    the chain (or its rest) to the host at planning time. Plans are registered with the
+    target once per structure (``SamplingPlan.key``: stage signatures, device, rows), so
+    later generations reuse the plan id and its cached graph; each row's own chain supplies
+    the values (inputs and host suffix). A step whose device part fails at run time
+    (graph build, allocation, inputs, reading or checking the ids) is finished on the host:
+    before compute the target redoes it with logits as output, after compute it reads the
+    raw logits, which stay a graph output. From then on that generation's chains run on the
+    host (``SequenceSamplers.device_failed``). Nothing is accepted for the failed attempt,
+    so no random number is drawn twice and the tokens equal a host-only run. Each reason is
+    logged once on logger ``pyggspec.sampling`` and counted in stats (``fallbacks``).
+    ``force_unsupported("TOP_K")`` is the planning test hook. A failed graph compute is not
+    redone (the recurrent state may have advanced): it raises.
 
 API
     ``SamplerChain(params, n_vocab)`` per sequence (``accept``, ``accept_prompt``,

@@ -177,6 +177,15 @@ class SamplingPlan:
         return self.stages[self.n_device:]
 
     @property
+    def key(self) -> tuple:
+        """What a graph built for this plan depends on. Values that only feed inputs
+        (temperature, seed, top_p, ...) are left out, so every chain of one structure on
+        one device and shape shares one registered plan and one cached graph."""
+        dev = self.device.name if self.device is not None and self.n_device else None
+        return (tuple(s.signature() for s in self.stages), self.n_device, dev, self.n_vocab,
+                self.n_rows)
+
+    @property
     def output(self) -> str:
         """What the graph hands back: 'none', 'logits', 'candidates' or 'token'."""
         if self.n_device == 0:
@@ -349,6 +358,15 @@ class DeviceSampling:
             self._alloc_const()
         return self
 
+    def attach(self, stats: SamplingStats) -> None:
+        """Count this graph's traffic in ``stats``: a cached graph outlives the generation
+        whose stats it was built with."""
+        if stats is self.stats:
+            return
+        self.stats = stats
+        if self._bound:
+            stats.buffer_bytes = sum(self.buffer_bytes.values())
+
     def _make_revid(self) -> Tensor:
         if self._revid is None:
             self._const_ctx = Context(2)
@@ -446,36 +464,40 @@ class DeviceSampling:
 
     def fail(self, exc: BaseException | str) -> None:
         """Record that the graph part failed (e.g. a device call raised); callers then
-        sample these rows with :func:`sample_host` on the raw logits."""
+        sample these rows with :func:`sample_host` on the raw logits (the target keeps
+        them as a graph output for this, see ``Target.run``)."""
         self.failed = str(exc)
         self.stats.fallback(f"device sampling failed: {exc}")
 
     def finish_host(self, rows: Sequence[RowInput]) -> np.ndarray:
         """Read the graph's sampling outputs and finish each row's chain on the host.
-        Returns int32 token ids, one per row (nothing is accepted into the chains)."""
+        Returns int32 token ids, one per row (nothing is accepted into the chains).
+
+        The host suffix runs with each row's own chain (its values: top_p, typical_p, ...),
+        not the plan's: one plan serves every chain of the same structure. Raises when the
+        device's answer is unusable (an id outside the vocabulary) so that the caller falls
+        back to the host; nothing is counted then."""
         plan = self.plan
         if plan.n_device == 0:
             raise ValueError("this plan runs entirely on the host: use sample_host")
-        try:
-            pulled = {n: hb.pull() for n, hb in self._out.items()}
-        except DeviceError as e:
-            self.fail(e)
-            raise
-        self.stats.bytes_d2h += sum(hb.array.nbytes for hb in self._out.values())
-        self.stats.tokens += len(rows)
-        host = plan.host_stages
+        pulled = {n: hb.pull() for n, hb in self._out.items()}
+        n_dev = plan.n_device
         out = np.empty(len(rows), dtype=np.int32)
         kind = plan.output
-        for r, ri in enumerate(rows):
-            rc = ri.chain.row(ri.prefix)
-            if kind == "token":
-                out[r] = pulled["token"][r]
-                continue
-            if kind == "logits":
-                cand = S.Cand(None, pulled["logits"][r])
-            else:
-                cand = self._candidates(r, pulled)
-            out[r] = run_host(host, cand, rc)
+        if kind == "token":
+            out[:] = pulled["token"][:len(rows)]
+            if len(rows) and (int(out.min()) < 0 or int(out.max()) >= plan.n_vocab):
+                raise DeviceError(None, f"device sampling returned token ids outside "
+                                  f"0..{plan.n_vocab - 1}")
+        else:
+            for r, ri in enumerate(rows):
+                if kind == "logits":
+                    cand = S.Cand(None, pulled["logits"][r])
+                else:
+                    cand = self._candidates(r, pulled)
+                out[r] = run_host(ri.chain.stages[n_dev:], cand, ri.chain.row(ri.prefix))
+        self.stats.bytes_d2h += sum(hb.array.nbytes for hb in self._out.values())
+        self.stats.tokens += len(rows)
         return out
 
     def _candidates(self, r: int, pulled: dict[str, np.ndarray]) -> S.Cand:
