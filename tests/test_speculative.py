@@ -65,16 +65,20 @@ def test_snapshot_needs_fewer_target_evals_than_checkpoint(spec_dir):
 def test_p_min_and_n_min_limit_drafts(spec_dir):
     path = agreement_model(spec_dir, "dense", 0.7)
     ref = plain_outputs(path, PROMPTS[:1], 30)
-    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=4, p_min=0.999999)) as e:
-        out = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
-        strict = e.stats.n_drafted
+    drafted = {}
+    for p_min in (0.0, 0.9):
+        with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                    spec=SpecConfig(n_max=4, p_min=p_min)) as e:
+            out = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
+            drafted[p_min] = e.stats.n_drafted
+            assert out[0].tokens == ref[0]
     with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=4, n_min=4)) as e:
         out2 = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
         assert e.stats.n_drafted % 4 == 0  # every kept draft has exactly n_min=n_max tokens
-    assert out[0].tokens == ref[0] == out2[0].tokens
-    assert strict < 30 * 4
+    assert out2[0].tokens == ref[0]
+    # p_min cuts drafts that the unconstrained run makes (same prompt, same model)
+    assert 0 < drafted[0.9] < drafted[0.0]
 
 
 def test_perfect_head_accepts_everything(spec_dir):
@@ -245,25 +249,32 @@ def test_cli_spec_json(spec_dir):
 
 @pytest.mark.parametrize("backend_sampling", [False, True])
 def test_sampled_decoding_is_lossless(spec_dir, backend_sampling):
-    """Same seed => same tokens with and without speculation, host or device sampling."""
+    """Same seed => same tokens with and without speculation, host or device sampling.
+
+    On a 0.95-agreement model at temp 2.2 (its logits are so peaked that lower temperatures
+    sample the greedy tokens) about half of the drafts are accepted, so verify batches have
+    several rows whose samples are all used: the per-row sampling counters (the noise of
+    row i must be that of the i-th token after the pending one) are exercised."""
     from pyggspec.sampling import SamplingParams
 
-    # a random-weight model: flat enough logits that sampling differs from greedy
-    path = cached_model(tiny_dense(dtype="f32"), spec_dir)
-    params = SamplingParams(temp=1.0, top_k=40, top_p=0.95, min_p=0.0, seed=7,
+    path = agreement_model(spec_dir, "dense", 0.95)
+    params = SamplingParams(temp=2.2, top_k=40, top_p=1.0, min_p=0.0, seed=7,
                             repeat_penalty=1.1)
     outs = []
     for spec_type in (None, "draft-mtp"):
         with Engine(path, n_ctx=256, n_parallel=3, n_threads=2, spec_type=spec_type,
                     sampling=params, backend_sampling=backend_sampling) as e:
-            outs.append([r.tokens for r in e.generate_batch(PROMPTS[:3], max_tokens=30,
+            outs.append([r.tokens for r in e.generate_batch(PROMPTS[:3], max_tokens=40,
                                                             ignore_eos=True)])
             if spec_type:
-                assert e.stats.n_drafted > 0
+                st = e.stats
+                assert st.n_accepted > 0.3 * st.n_drafted
+                # some steps kept 2+ drafts: rows past the first were sampled and used
+                assert len(st.accepted_at) >= 2 and st.accepted_at[1] > 0
             if backend_sampling:
                 assert e.samplers.stats.device == "CPU"
     assert outs[0] == outs[1]
-    plain = plain_outputs(path, PROMPTS[:3], 30)
+    plain = plain_outputs(path, PROMPTS[:3], 40)
     assert outs[0] != plain  # it really sampled
 
 
