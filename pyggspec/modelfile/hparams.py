@@ -9,18 +9,21 @@ llama.cpp's loaders do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pyggspec.errors import ModelFileError
+from pyggspec.modelfile import rope as _rope
 from pyggspec.modelfile.gguf import GGUFFile
+from pyggspec.modelfile.rope import RopeParams
 
 SUPPORTED_ARCHS = ("qwen35", "qwen35moe")
 LLAMA_MAX_LAYERS = 512
 LLAMA_MAX_EXPERTS = 1024
-ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+ROPE_SCALING_TYPES = _rope.SCALING_TYPES
 
 # n_layer (trunk) -> llama.cpp's size label (llama_model_qwen35[moe]::load_arch_hparams)
 _DENSE_TYPES = {24: ("0.8B", "2B", 1024), 32: ("4B", "9B", 2560), 64: ("27B", "27B", 0)}
@@ -48,7 +51,7 @@ class HParams:
     rope_freq_base: float
     rope_scaling_type: str
     rope_freq_scale: float  # 1 / rope.scaling.factor (1.0 when absent)
-    rope_attn_factor: float | None
+    rope_attn_factor: float  # rope.scaling.attn_factor (1.0 when absent)
     n_ctx_orig_yarn: int
     rope_finetuned: bool
     rope_sections: tuple[int, int, int, int]
@@ -69,6 +72,12 @@ class HParams:
     def n_layer(self) -> int:
         """Trunk layers (llama.cpp ``n_layer()``): block_count minus the MTP blocks."""
         return self.n_layer_all - self.n_layer_nextn
+
+    @property
+    def rope(self) -> RopeParams:
+        """The rope arguments llama.cpp's context derives from these keys (YaRN included)."""
+        return _rope.resolve(self.rope_scaling_type, self.rope_freq_base, self.rope_freq_scale,
+                             self.rope_attn_factor, self.n_ctx_orig_yarn or self.n_ctx_train)
 
     @property
     def n_embd_out(self) -> int:
@@ -250,6 +259,20 @@ def _convert(keys: _Keys, key: str, gtype: str, value: Any, kind: Callable[[Any]
     raise keys.err(f"metadata '{key}' has type {gtype}, expected {kind.__name__}")
 
 
+def _check_rope_scaling(k: _Keys, scaling: str, freq_scale: float, attn_factor: float) -> None:
+    """Refuse rope scaling we do not run exactly as written (see ``modelfile.rope``)."""
+    if scaling not in _rope.SCALING_IMPLEMENTED:
+        raise k.err(f"{k.arch}.rope.scaling.type = '{scaling}' is not supported (pyggspec "
+                    f"implements {', '.join(_rope.SCALING_IMPLEMENTED)}; llama.cpp's qwen35 "
+                    "graph would run it without its long/short rope factors)")
+    for suffix, want in _rope.unread_key_values(scaling, freq_scale, attn_factor).items():
+        got = k.scalar(suffix, float, None)
+        if got is not None and not math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6):
+            raise k.err(f"{k.arch}.{suffix} = {got:g} is not supported with rope.scaling.type "
+                        f"'{scaling}': llama.cpp's qwen35 loader ignores this key and runs "
+                        f"{want:g}, so the file would not run as it says")
+
+
 def _read(f: GGUFFile) -> HParams:
     arch_kv = f.metadata.get("general.architecture")
     if arch_kv is None:
@@ -306,8 +329,11 @@ def _read(f: GGUFFile) -> HParams:
     factor = k.scalar("rope.scaling.factor", float, None)
     if factor is None:
         factor = k.scalar("rope.scale_linear", float, 0.0)
+    if not (math.isfinite(factor) and factor >= 0.0):
+        raise k.err(f"{arch}.rope.scaling.factor = {factor:g} must be a finite number >= 0")
     freq_scale = 1.0 if factor == 0.0 else 1.0 / factor
-    attn_factor = k.scalar("rope.scaling.attn_factor", float, None)
+    attn_factor = k.scalar("rope.scaling.attn_factor", float, 1.0)
+    _check_rope_scaling(k, scaling, freq_scale, attn_factor)
 
     hd_k = k.scalar("attention.key_length", int, n_embd // n_head[0])
     hd_v = k.scalar("attention.value_length", int, n_embd // n_head[0])

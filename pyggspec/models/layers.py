@@ -216,9 +216,9 @@ def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
     gate = ctx.view(q_full, (hd, n_head, n_tok), (es * hd * 2, es * hd * 2 * n_head), es * hd)
     gate = b.cb(ctx.cont(gate, (hd * n_head, n_tok)), "gate_reshaped", il)
     v = ctx.reshape(v, (hd, n_head_kv, n_tok))
+    # freq/YaRN arguments resolved from the file as llama.cpp's context does (modelfile.rope)
     rope = {"n_dims": hp.n_rot, "sections": hp.rope_sections, "mode": ROPE_TYPE_IMROPE,
-                "n_ctx_orig": hp.n_ctx_orig_yarn or hp.n_ctx_train, "freq_base": hp.rope_freq_base,
-                "freq_scale": hp.rope_freq_scale}
+            **hp.rope.kwargs()}
     q = b.cb(ctx.rope_multi(q, inp.pos, **rope), "Qcur", il)
     k = b.cb(ctx.rope_multi(k, inp.pos, **rope), "Kcur", il)
     b.cb(v, "Vcur", il)

@@ -16,9 +16,36 @@ from typing import Any, Literal
 Arch = Literal["qwen35", "qwen35moe"]
 MtpLayout = Literal["grafted", "none"]
 DType = Literal["f32", "f16", "q8_0"]
+RopeType = Literal["linear", "yarn", "longrope"]
 
 # Bump when the bytes written for a given spec change (invalidates cached_model files).
 GENERATOR_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """HF ``rope_parameters`` scaling entries; written only when a spec asks for them.
+
+    The converter (``TextModel.set_gguf_parameters``) writes: linear -> type + factor; yarn ->
+    type + factor + original_context_length, plus yarn_ext_factor / yarn_attn_factor /
+    yarn_beta_fast / yarn_beta_slow for the optional entries given here; longrope -> type only.
+    """
+
+    rope_type: RopeType
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    extrapolation_factor: float | None = None
+    attention_factor: float | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ("linear", "yarn", "longrope"):
+            raise ValueError(f"RopeScaling: unknown rope_type {self.rope_type!r}")
+        if self.rope_type != "longrope" and self.factor is None:
+            raise ValueError(f"RopeScaling: {self.rope_type} needs a factor")
+        if self.rope_type == "yarn" and self.original_max_position_embeddings is None:
+            raise ValueError("RopeScaling: yarn needs original_max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -51,6 +78,7 @@ class ModelSpec:
     rope_sections: tuple[int, int, int, int] = (2, 1, 1, 0)
     rope_theta: float = 10_000_000.0
     context_length: int = 4096
+    rope_scaling: RopeScaling | None = None  # None: no rope.scaling.* keys (Qwen3.5's default)
     rms_eps: float = 1e-6
     tied_embeddings: bool = False
     mtp: MtpLayout = "grafted"
@@ -150,6 +178,8 @@ class ModelSpec:
     def digest(self) -> str:
         """Content hash of the spec (and the generator version): names cached files."""
         payload = dict(dataclasses.asdict(self), _v=GENERATOR_VERSION)
+        if payload["rope_scaling"] is None:  # opt-in field: digests of older specs unchanged
+            del payload["rope_scaling"]
         blob = json.dumps(payload, sort_keys=True, default=list).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

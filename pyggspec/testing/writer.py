@@ -35,9 +35,10 @@ from typing import Literal
 import numpy as np
 from gguf import GGML_QUANT_VERSION, GGUFWriter, LlamaFileType, QuantError, quants, size_label
 from gguf import GGMLQuantizationType as QT
+from gguf.constants import RopeScalingType
 
 from pyggspec.testing.agreement import AgreementPlan, agreement_plan, embeddings, rng_for
-from pyggspec.testing.spec import ModelSpec
+from pyggspec.testing.spec import ModelSpec, RopeScaling
 from pyggspec.testing.vocab import CHAT_TEMPLATE, build_vocab
 
 Part = Literal["full", "trunk", "mtp"]
@@ -404,6 +405,23 @@ def plan_tensors(spec: ModelSpec, part: Part) -> list[TensorEntry]:
 # Metadata
 # --------------------------------------------------------------------------------------------
 
+def _add_rope_scaling(w: GGUFWriter, rs: RopeScaling) -> None:
+    """``rope_parameters`` scaling keys as ``TextModel.set_gguf_parameters`` writes them."""
+    w.add_rope_scaling_type(RopeScalingType(rs.rope_type))
+    if rs.rope_type == "longrope":
+        return
+    w.add_rope_scaling_factor(float(rs.factor))  # type: ignore[arg-type]
+    if rs.rope_type != "yarn":
+        return
+    w.add_rope_scaling_orig_ctx_len(int(rs.original_max_position_embeddings))  # type: ignore
+    for value, add in ((rs.extrapolation_factor, w.add_rope_scaling_yarn_ext_factor),
+                       (rs.attention_factor, w.add_rope_scaling_yarn_attn_factor),
+                       (rs.beta_fast, w.add_rope_scaling_yarn_beta_fast),
+                       (rs.beta_slow, w.add_rope_scaling_yarn_beta_slow)):
+        if value is not None:
+            add(float(value))
+
+
 def _add_metadata(w: GGUFWriter, spec: ModelSpec, part: Part) -> None:
     """KV pairs in the converter's order (general.architecture is added by GGUFWriter)."""
     s = spec
@@ -426,6 +444,8 @@ def _add_metadata(w: GGUFWriter, spec: ModelSpec, part: Part) -> None:
         w.add_feed_forward_length(s.n_ff)
     w.add_head_count(s.n_head)
     w.add_head_count_kv(s.n_head_kv)
+    if s.rope_scaling is not None:  # opt-in: Qwen3.5's own configs have no scaling
+        _add_rope_scaling(w, s.rope_scaling)
     w.add_array(f"{arch}.rope.dimension_sections", [int(x) for x in s.rope_sections])
     w.add_rope_freq_base(float(s.rope_theta))
     w.add_layer_norm_rms_eps(float(s.rms_eps))
