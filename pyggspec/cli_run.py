@@ -79,9 +79,11 @@ def _spec_lines(stats: dict) -> list[str]:
 @click.option("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=1,
               show_default=True, help="Sequences generated together (prompts are cycled).")
 @click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048,
-              show_default=True)
+              show_default=True, help="Logical batch: a prompt is evaluated in chunks of at "
+              "most this many tokens per sequence.")
 @click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), default=512,
-              show_default=True)
+              show_default=True, help="Physical batch: each chunk runs in graphs of at most "
+              "this many tokens (capped at -b, as in llama.cpp).")
 @click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
               help="CPU threads (default: cores, at most 8).")
 @click.option("-ngl", "--n-gpu-layers", "ngl", metavar="N|all|auto", default=None,
@@ -156,7 +158,6 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
             click.echo("pyggspec: running the built-in SYNTHETIC demo model (random weights, "
                        "constructed MTP agreement ~95%): the text is meaningless, the "
                        "speed-up is real.", err=True)
-    n_batch = max(n_batch, n_ubatch) if n_batch < n_ubatch else n_batch
     if rpc:
         from pyggspec.ggml.device import add_rpc_server
 

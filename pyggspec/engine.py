@@ -7,6 +7,7 @@ Python API behind the CLI: ``Engine(path).generate(...)``.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,6 +25,8 @@ from pyggspec.models.qwen35 import StepResult, Target, UBatch
 from pyggspec.sampling import SamplingParams
 from pyggspec.sampling.session import SequenceSamplers
 from pyggspec.speculative.loop import SpecConfig, SpecStats
+
+log = logging.getLogger("pyggspec.engine")
 
 
 @dataclass
@@ -63,13 +66,23 @@ class GenerationResult:
     text: str
     tokens: list[int]
     n_prompt: int
-    stop_reason: str  # "eos" | "length" | "context"
+    stop_reason: str  # "eos" | "length" (-n) | "context" (prompt + output == n_ctx)
     timings: Timings
 
     def to_dict(self) -> dict:
         return {"text": self.text, "tokens": self.tokens, "n_prompt": self.n_prompt,
                 "n_gen": len(self.tokens), "stop_reason": self.stop_reason,
                 "timings": self.timings.to_dict()}
+
+
+def _check_cache_types(types: Mapping[str, str]) -> None:
+    """A KV cache type ggml cannot store is a one-line error naming its flag."""
+    from pyggspec.memory.kv import KV_TYPES
+
+    for flag, t in types.items():
+        if str(t).lower() not in KV_TYPES:
+            raise PyggspecError(flag, f"unsupported KV cache type {t!r} "
+                                f"({', '.join(KV_TYPES)})")
 
 
 class Engine:
@@ -91,8 +104,10 @@ class Engine:
                  sampling: SamplingParams | None = None, backend_sampling: bool = False) -> None:
         from pyggspec.weights import load_weights, plan_placement
 
-        if n_ctx < 1 or n_parallel < 1 or n_ubatch < 1 or n_batch < n_ubatch:
-            raise PyggspecError(None, "need n_ctx, n_parallel, n_ubatch >= 1 and n_batch >= n_ubatch")
+        if min(n_ctx, n_parallel, n_batch, n_ubatch) < 1:
+            raise PyggspecError(None, "need n_ctx, n_parallel, n_batch, n_ubatch >= 1")
+        _check_cache_types({"-ctk": type_k, "-ctv": type_v, "-ctkd": mtp_type_k,
+                            "-ctvd": mtp_type_v})
         self._closers: list = []
         try:
             self.model = open_model(model_path, mtp_path)
@@ -103,10 +118,16 @@ class Engine:
                                     "with -m and this file with --spec-draft-model")
             self.hp = hp = trunk.hparams
             self.n_vocab = trunk.n_vocab
-            self.n_ctx = min(n_ctx, hp.n_ctx_train) if hp.n_ctx_train else n_ctx
+            self.n_ctx = n_ctx
+            if hp.n_ctx_train and n_ctx > hp.n_ctx_train:
+                self.n_ctx = hp.n_ctx_train
+                log.warning("-c %d is more than the model's training context; using %d",
+                            n_ctx, hp.n_ctx_train)
             self.n_parallel = n_parallel
-            self.n_ubatch = n_ubatch
+            # -b is the logical batch (prompt chunks per sequence), -ub the physical one;
+            # as in llama.cpp the physical batch is never larger than the logical one
             self.n_batch = n_batch
+            self.n_ubatch = min(n_ubatch, n_batch)
             self.n_threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
             if spec_type not in (None, "none", "draft-mtp"):
                 raise PyggspecError("--spec-type", f"unsupported speculative type {spec_type!r} "
@@ -115,6 +136,7 @@ class Engine:
             self._type_k, self._type_v = type_k, type_v
             self._mtp_types = (mtp_type_k, mtp_type_v)
             self.sampling = sampling or SamplingParams(temp=0.0)
+            self.sampling.check_vocab(self.n_vocab)
             self.backend_sampling = backend_sampling
             self.samplers: SequenceSamplers | None = None
             self.spec = spec or SpecConfig()
@@ -306,6 +328,8 @@ class Engine:
         self._check_seq(dst)
         self.kv.copy(src, dst)
         self.rs.copy(src, dst)
+        if self.mtp is not None:
+            self.mtp_kv.copy(src, dst)
 
     # --- tokens -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -351,6 +375,8 @@ class Engine:
             # one ubatch: the sequences sharing the smallest remaining count, chunked
             T = min(min(left.values()), self.n_ubatch)
             seqs = sorted(s for s, n in left.items() if n >= T)[: max(1, self.n_ubatch // T)]
+            # ... and never across a sequence's logical batch (-b) boundary
+            T = min(T, *(self.n_batch - done[s] % self.n_batch for s in seqs))
             tokens = np.stack([pending[s][done[s]: done[s] + T] for s in seqs])
             pos0 = np.array([self.seq_len(s) for s in seqs], dtype=np.int64)
             if logits == "all":
@@ -380,6 +406,10 @@ class Engine:
 
         The fast path of generation: no per-call allocation beyond the UBatch view.
         """
+        self._check_seq(seq_id)
+        if not 0 <= token < self.n_vocab:
+            raise PyggspecError(None, f"sequence {seq_id}: token id {token} out of range 0.."
+                                f"{self.n_vocab - 1}")
         n = int(self.kv.lengths[seq_id])
         if n + 1 > self.n_ctx:
             raise PyggspecError(None, f"sequence {seq_id}: context full ({self.n_ctx} tokens)")
@@ -438,7 +468,12 @@ class Engine:
 
     def _generate(self, prompts, max_tokens: int, ignore_eos: bool,
                   sampling: SamplingParams | None) -> Iterator[tuple[int, list[int]]]:
-        """The generation loop: yields (slot, new tokens); results land in _results."""
+        """The generation loop: yields (slot, new tokens); results land in _results.
+
+        When to stop is one rule for every path (:func:`~pyggspec.speculative.loop.emit_room`):
+        prompt + output fit the context and the output fits ``max_tokens``; a prompt must
+        fit the context and, when ``max_tokens > 0``, leave room for one token.
+        """
         from pyggspec.speculative.loop import prefill, speculative_step
 
         if len(prompts) > self.n_parallel:
@@ -446,12 +481,18 @@ class Engine:
                                 "sequence slots (raise --parallel)")
         ids = {i: (self.tokenize(p) if isinstance(p, str) else [int(t) for t in p])
                for i, p in enumerate(prompts)}
+        if max_tokens < 0:
+            raise PyggspecError("-n", f"must be >= 0, got {max_tokens}")
         for i, toks in ids.items():
             if not toks:
                 raise PyggspecError(None, f"prompt {i} is empty")
-            if len(toks) >= self.n_ctx:
-                raise PyggspecError(None, f"prompt {i} of {len(toks)} tokens does not fit the "
+            # the prompt must fit, and leave room for a token when any is asked for
+            if len(toks) + (max_tokens > 0) > self.n_ctx:
+                what = "does not fit" if len(toks) > self.n_ctx else "leaves no room to generate in"
+                raise PyggspecError(None, f"prompt {i} of {len(toks)} tokens {what} the "
                                     f"context ({self.n_ctx}); raise -c")
+        if sampling is not None:
+            sampling.check_vocab(self.n_vocab)
         is_stop = self._is_stop(ignore_eos)
         self.samplers = samplers = self.make_samplers(sampling)
         for slot, toks in ids.items():
@@ -515,9 +556,9 @@ class Engine:
         res = self.decode(ids, logits="last")
         seqs = []
         for slot, toks in ids.items():
-            t = samplers.choose(slot, res[slot].logits[-1])
-            s = SeqState(slot, len(toks), t, [], np.zeros((0, 0), np.float32), 0, max_tokens)
-            s.first_token(t, samplers, is_stop)
+            s = SeqState(slot, len(toks), -1, [], np.zeros((0, 0), np.float32), 0, max_tokens)
+            s.first_token(lambda slot=slot: samplers.choose(slot, res[slot].logits[-1]),
+                          samplers, is_stop, self.n_ctx)
             seqs.append(s)
         return seqs
 
@@ -537,18 +578,11 @@ class Engine:
             s.pos += 1
             t = (int(res.ids[b]) if res.ids is not None
                  else samplers.choose(s.slot, res.logits[b]))
-            if not is_stop(t):
-                samplers.accept(s.slot, t)
             if is_stop(t):
                 s.done, s.stop_reason = True, "eos"
                 continue
-            s.pending = t
-            s.out.append(t)
-            s.budget -= 1
-            if s.budget <= 0:
-                s.done = True
-            elif s.pos + 1 >= self.n_ctx:
-                s.done, s.stop_reason = True, "context"
+            s.emit([t], samplers)
+            s.settle(self.n_ctx)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
                  ignore_eos: bool = False,

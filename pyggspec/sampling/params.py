@@ -8,11 +8,14 @@ string that works with llama.cpp works here.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import click
+
+from pyggspec.errors import PyggspecError
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: draw a random seed
 
@@ -80,9 +83,41 @@ def parse_logit_bias(items: tuple[str, ...] | list[str]) -> tuple[tuple[int, flo
     return tuple(out)
 
 
+class SamplingParamError(PyggspecError, ValueError):
+    """A sampling value out of range: one line naming the flag (a ValueError for callers
+    that validate values before they reach the CLI)."""
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _unit_interval(flag: str, x: float) -> None:
+    if not 0.0 <= x <= 1.0:  # NaN fails too
+        raise SamplingParamError(flag, f"must be between 0 and 1, got {x}")
+
+
+def _integer(flag: str, x: int) -> None:
+    try:
+        operator.index(x)
+    except TypeError:
+        raise SamplingParamError(flag, f"must be an integer, got {x!r}") from None
+
+
+def _finite(flag: str, x: float) -> None:
+    if not math.isfinite(x):
+        raise SamplingParamError(flag, f"must be a finite number, got {x}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """One sequence's sampler settings (llama.cpp names in comments)."""
+    """One sequence's sampler settings (llama.cpp names in comments).
+
+    Every value is checked here, so no chain ever sees a value that would filter out every
+    candidate or turn the logits into NaN: temperature finite (and 1/temp finite in
+    float32), top_p / min_p / typical_p in [0, 1], penalties finite, logit biases a real
+    number or -inf (a ban). Token ids in ``logit_bias`` are checked against the vocabulary
+    by :meth:`check_vocab` once it is known.
+    """
 
     temp: float = 0.80  # --temp; <= 0 means greedy
     top_k: int = 40  # --top-k; <= 0 disables
@@ -98,19 +133,44 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = field(default=())  # --logit-bias
 
     def __post_init__(self) -> None:
+        for flag, v in (("--top-k", self.top_k), ("--repeat-last-n", self.repeat_last_n),
+                        ("--seed", self.seed)):
+            _integer(flag, v)
+        _finite("--temp", self.temp)
+        if self.temp > 0 and 1.0 / self.temp > _FLOAT32_MAX:
+            raise SamplingParamError("--temp", f"{self.temp} is too small for float32 "
+                                     "logits; use 0 for greedy")
+        _unit_interval("--top-p", self.top_p)
+        _unit_interval("--min-p", self.min_p)
+        _unit_interval("--typical", self.typical_p)
         rp = self.repeat_penalty
         if not math.isfinite(rp) or rp <= 0 or not math.isfinite(1.0 / rp):
-            raise ValueError("repeat-penalty must be finite and greater than 0")
+            raise SamplingParamError("--repeat-penalty",
+                                     f"must be finite and greater than 0, got {rp}")
         if self.repeat_last_n < 0:
-            raise ValueError(f"invalid repeat-last-n = {self.repeat_last_n}")
-        for name in ("presence_penalty", "frequency_penalty", "top_p", "min_p", "typical_p"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name.replace('_', '-')} must be finite")
+            raise SamplingParamError("--repeat-last-n", f"must be >= 0, got {self.repeat_last_n}")
+        _finite("--presence-penalty", self.presence_penalty)
+        _finite("--frequency-penalty", self.frequency_penalty)
         if not (0 <= self.seed <= 0xFFFFFFFFFFFFFFFF):
-            raise ValueError(f"seed must be a non-negative 64-bit integer, got {self.seed}")
+            raise SamplingParamError("--seed", "must be a non-negative 64-bit integer, "
+                                     f"got {self.seed}")
+        for tok, bias in self.logit_bias:
+            _integer("--logit-bias", tok)
+            if tok < 0:
+                raise SamplingParamError("--logit-bias", f"token id {tok} is negative")
+            if math.isnan(bias) or bias == math.inf:
+                raise SamplingParamError("--logit-bias", f"bias of token {tok} must be a "
+                                         f"number or -inf, got {bias}")
         unknown = [s for s in self.samplers if s not in _CANONICAL]
         if unknown:
-            raise ValueError(f"unknown sampler(s): {', '.join(unknown)}")
+            raise SamplingParamError("--samplers", f"unknown sampler(s): {', '.join(unknown)}")
+
+    def check_vocab(self, n_vocab: int) -> None:
+        """Every ``logit_bias`` token id must exist in a vocabulary of ``n_vocab`` tokens."""
+        for tok, _ in self.logit_bias:
+            if tok >= n_vocab:
+                raise SamplingParamError("--logit-bias", f"token {tok} is outside the "
+                                         f"vocabulary (0..{n_vocab - 1})")
 
     @property
     def greedy(self) -> bool:
@@ -213,11 +273,8 @@ def sampling_options(fn: F) -> F:
         values = {n: kwargs.pop(n) for n in names}
         bs = kwargs.pop("backend_sampling")
         dbs = kwargs.pop("draft_backend_sampling")
-        try:
-            params = SamplingParams(**values)
-        except ValueError as e:
-            raise click.BadParameter(str(e)) from None
-        kwargs["sampling"] = SamplingOptions(params, bs, dbs)
+        # a value out of range raises SamplingParamError: one line, exit 1 under pyggspec's group
+        kwargs["sampling"] = SamplingOptions(SamplingParams(**values), bs, dbs)
         return fn(*args, **kwargs)
 
     for opt in reversed(opts):

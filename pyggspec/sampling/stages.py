@@ -231,13 +231,17 @@ class Temperature(Stage):
 
 @dataclass(frozen=True)
 class MinP(Stage):
+    """Keep logits >= max + log(p). The threshold never exceeds the maximum (log p is
+    capped at 0, as llama.cpp always keeps the top candidate), so the maximum survives on
+    both paths: float32 max + log_p rounds to at most max, and max - thr >= 0."""
+
     p: float
     name = "min_p"
     device = True
 
     @property
     def log_p(self) -> np.float32:
-        return np.float32(np.log(self.p))
+        return np.float32(min(float(np.log(self.p)), 0.0))
 
     def keep_mask(self, l: np.ndarray) -> np.ndarray:
         """Keep l >= max + log(p), written as the graph computes it: drop if -(l - thr) > 0."""
@@ -280,9 +284,10 @@ class TopP(Stage):
     name = "top_p"
 
     def host(self, c: Cand, row: RowCtx) -> Cand:
-        c = c.canonical()
-        if len(c.logits) == 0:
+        f = c.canonical()
+        if len(f.logits) == 0:  # nothing has probability > 0: nothing to filter, keep all
             return c
+        c = f
         cum = np.cumsum(_probs64(c))
         n = min(int(np.searchsorted(cum, self.p, side="left")) + 1, len(cum))
         return Cand(c.ids[:n], c.logits[:n])
@@ -296,9 +301,10 @@ class TypicalP(Stage):
     name = "typ_p"
 
     def host(self, c: Cand, row: RowCtx) -> Cand:
-        c = c.canonical()
-        if len(c.logits) == 0:
+        f = c.canonical()
+        if len(f.logits) == 0:  # nothing has probability > 0: nothing to filter, keep all
             return c
+        c = f
         p = _probs64(c)
         with np.errstate(divide="ignore", invalid="ignore"):
             logp = np.log(p)
@@ -344,11 +350,10 @@ def resolve_stages(params: SamplingParams, n_vocab: int) -> tuple[Stage, ...]:
     filters that always keep the maximum (top_k, top_p, min_p) cannot change an argmax
     under the lowest-id tie rule and are dropped; later stages see one token and are too."""
     stages: list[Stage] = []
+    params.check_vocab(n_vocab)
     if params.logit_bias:
         agg: dict[int, np.float32] = {}
         for tok, b in params.logit_bias:
-            if not 0 <= tok < n_vocab:
-                raise ValueError(f"logit bias token {tok} outside the vocabulary (0..{n_vocab - 1})")
             agg[tok] = np.float32(agg.get(tok, np.float32(0)) + np.float32(b))
         stages.append(LogitBias(tuple((t, float(b)) for t, b in sorted(agg.items()))))
     greedy = params.greedy

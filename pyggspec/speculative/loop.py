@@ -75,9 +75,24 @@ class SpecStats:
                 "n_target_evals": self.n_target_evals, "n_mtp_evals": self.n_mtp_evals}
 
 
+def emit_room(n_ctx: int, n_held: int, budget: int) -> int:
+    """How many more tokens a sequence may emit: the one length/context rule, used by plain
+    decoding, by the speculative step and for the first token after the prompt.
+
+    A sequence holding ``n_held`` tokens (prompt + emitted) may emit a token only if it fits
+    the context, so prompt + output never exceed ``n_ctx``: the last emitted token may take
+    position ``n_ctx - 1`` (it is emitted but never evaluated; nothing needs its logits),
+    and at most ``budget`` (-n) tokens are emitted. This is llama-server's rule (it stops
+    once the evaluated tokens + 1 reach n_ctx). A speculative step drafts at most
+    ``room - 1`` tokens, so it can emit exactly the tokens plain decoding would and stops
+    at the same one; -n 0 samples nothing.
+    """
+    return max(0, min(budget, n_ctx - n_held))
+
+
 @dataclass
 class SeqState:
-    """One generating sequence between steps."""
+    """One generating sequence between steps (created right after its prompt is evaluated)."""
 
     slot: int
     pos: int  # target positions 0..pos-1 are evaluated and committed
@@ -89,18 +104,45 @@ class SeqState:
     out: list[int] = field(default_factory=list)
     done: bool = False
     stop_reason: str = "length"
+    n_prompt: int = field(init=False)  # prompt tokens: ``pos`` at creation
 
-    def first_token(self, token: int, samplers, is_stop: Callable[[int], bool]) -> None:
-        """Record the token sampled after the prompt (or stop at a stop token)."""
-        if is_stop(token):
+    def __post_init__(self) -> None:
+        self.n_prompt = self.pos
+
+    def room(self, n_ctx: int) -> int:
+        """Tokens this sequence may still emit (:func:`emit_room`)."""
+        return emit_room(n_ctx, self.n_prompt + len(self.out), self.budget)
+
+    def settle(self, n_ctx: int) -> bool:
+        """Mark the sequence done (``length`` or ``context``) when it may emit no more."""
+        if self.room(n_ctx) > 0:
+            return False
+        self.done = True
+        self.stop_reason = "length" if self.budget <= 0 else "context"
+        return True
+
+    def emit(self, tokens: list[int], samplers) -> None:
+        """Record emitted tokens (one RNG draw each); the last one becomes ``pending``."""
+        for t in tokens:
+            samplers.accept(self.slot, t)
+        self.out.extend(tokens)
+        self.budget -= len(tokens)
+        if tokens:
+            self.pending = tokens[-1]
+
+    def first_token(self, choose: Callable[[], int], samplers, is_stop: Callable[[int], bool],
+                    n_ctx: int) -> None:
+        """Sample the token after the prompt under the same rule as every other token:
+        nothing is sampled when -n is 0 or the prompt fills the context."""
+        if self.settle(n_ctx):
+            return
+        t = choose()
+        self.pending = t
+        if is_stop(t):
             self.done, self.stop_reason = True, "eos"
             return
-        samplers.accept(self.slot, token)
-        self.out.append(token)
-        self.budget -= 1
-        self.done = self.budget <= 0
-
-
+        self.emit([t], samplers)
+        self.settle(n_ctx)
 
 
 def padded_rows(T: int, B: int) -> int:
@@ -149,8 +191,9 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     # 1. draft: new pairs into the MTP cache, then up to n_max drafts per sequence
     reqs = []
     for s in live:
-        room = min(cfg.n_max, s.budget - 1, n_ctx - s.pos - 1)
-        reqs.append(DraftRequest(s.slot, s.new_pos0, s.new_tokens, s.new_hidden, max(0, room)))
+        # emitted tokens = accepted drafts + 1, so drafts stop one short of the room
+        k = max(0, min(cfg.n_max, s.room(n_ctx) - 1))
+        reqs.append(DraftRequest(s.slot, s.new_pos0, s.new_tokens, s.new_hidden, k))
     before = drafter.mtp.n_evals
     drafts = drafter.draft(reqs)
     stats.n_mtp_evals += drafter.mtp.n_evals - before
@@ -197,30 +240,26 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
         else:
             choose = (lambda i, b=b, slot=s.slot: samplers.choose(slot, logits[b, i],
                                                                   prefixes[b][i]))
-        emitted, n, stopped = accept(d, choose, is_stop)
-        for t in emitted:
-            samplers.accept(s.slot, t)
+        emitted, n, stopped = accept(d, choose, is_stop)  # len(d) < room: all fit
         stats.record(len(d), min(n, len(d)))
-        emitted = emitted[: s.budget]
-        s.out.extend(emitted)
-        s.budget -= len(emitted)
+        pending = s.pending
+        s.emit(emitted, samplers)
         engine.kv.lengths[s.slot] = s.pos + n + 1  # pending + n accepted drafts are committed
         if snapshot:
             rs.set_current(s.slot, planes[b][T - 1 - n])
         elif n == T - 1:  # everything (and no padding) accepted: the new state is complete
             rs.set_current(s.slot, spare[b])
         else:  # checkpoint: state is still "before pending"; re-evaluate what was accepted
-            replay[s.slot] = [s.pending, *d[:n]]
-        new_pos = s.pos + n + 1
-        if stopped or s.budget <= 0 or new_pos >= n_ctx:
-            s.done = True
-            s.stop_reason = "eos" if stopped else ("length" if s.budget <= 0 else "context")
+            replay[s.slot] = [pending, *d[:n]]
+        if stopped:
+            s.done, s.stop_reason = True, "eos"
+        else:
+            s.settle(n_ctx)
         # next step's MTP pairs: d1..dn and the new pending token, with target rows h_pos..
         s.new_tokens = [*d[:n], emitted[-1]] if emitted else []
         s.new_hidden = hidden[b, : n + 1].copy()
         s.new_pos0 = s.pos + 1
-        s.pending = emitted[-1] if emitted else s.pending
-        s.pos = new_pos
+        s.pos += n + 1
     if replay:
         for slot, toks in replay.items():
             engine.kv.lengths[slot] -= len(toks)
@@ -242,16 +281,18 @@ def prefill(engine, drafter: MtpDrafter, prompts: dict[int, list[int]], stats: S
     for slot, ids in prompts.items():
         P = len(ids)
         h = res[slot].hidden  # [P, n_embd]: h_0 .. h_{P-1}
-        t = samplers.choose(slot, res[slot].logits[-1])
         paired = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])  # h_{q-1}
-        s = SeqState(slot, pos=P, pending=t, new_tokens=[t], new_hidden=h[-1:].copy(),
+        s = SeqState(slot, pos=P, pending=-1, new_tokens=[], new_hidden=h[-1:].copy(),
                      new_pos0=P, budget=max_tokens)
-        s.first_token(t, samplers, is_stop)
+        s.first_token(lambda slot=slot: samplers.choose(slot, res[slot].logits[-1]), samplers,
+                      is_stop, engine.n_ctx)
+        s.new_tokens = [s.pending]
         seqs.append(s)
-        warm.append(DraftRequest(slot, 0, list(ids), paired, 0))
+        if not s.done:
+            warm.append(DraftRequest(slot, 0, list(ids), paired, 0))
     # warm the MTP cache in chunks of at most n_ubatch rows per sequence
     chunk = engine.n_ubatch
-    longest = max(len(r.tokens) for r in warm)
+    longest = max((len(r.tokens) for r in warm), default=0)
     before = drafter.mtp.n_evals
     for start in range(0, longest, chunk):
         part = [DraftRequest(r.slot, start, r.tokens[start:start + chunk],
