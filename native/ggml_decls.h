@@ -242,6 +242,7 @@ void ggml_backend_load_all(void);
 ggml_backend_sched_t ggml_backend_sched_new(ggml_backend_t * backends, ggml_backend_buffer_type_t * bufts, int n_backends, size_t graph_size, bool parallel, bool op_offload);
 void ggml_backend_sched_free(ggml_backend_sched_t sched);
 bool ggml_backend_sched_reserve(ggml_backend_sched_t sched, struct ggml_cgraph * measure_graph);
+void ggml_backend_sched_reserve_size(ggml_backend_sched_t sched, struct ggml_cgraph * measure_graph, size_t * sizes);
 int  ggml_backend_sched_get_n_backends(ggml_backend_sched_t sched);
 ggml_backend_t ggml_backend_sched_get_backend(ggml_backend_sched_t sched, int i);
 int  ggml_backend_sched_get_n_splits(ggml_backend_sched_t sched);

@@ -196,7 +196,9 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
             placements.append(plan_placement(model.mtp_file, devices, **kw))  # type: ignore
         weights = sum_bytes(*placements)
         owner = model.mtp_owner
-        mem = estimate_memory(trunk.hparams, weights, n_ctx, n_parallel,
+        # the engine's context is capped at the training context: plan for that one
+        n_ctx_run = min(n_ctx, trunk.hparams.n_ctx_train or n_ctx)
+        mem = estimate_memory(trunk.hparams, weights, n_ctx_run, n_parallel,
                               mtp=owner.hparams if owner is not None else None, type_k=type_k,
                               type_v=type_v)
         report = _report(model, placements, mem, why if not binding else None)
@@ -211,13 +213,29 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
             blk = trunk.hparams.n_layer
             src = placements[-1] if model.mtp_file is not None else p_trunk
             mtp_dev = src.tensor_devices.get(f"blk.{blk}.nextn.eh_proj.weight")
+        if n_ctx_run < n_ctx:
+            report["warnings"].append(f"-c {n_ctx} is more than the model's training "
+                                      f"context; memory is planned for {n_ctx_run}")
+        rollback = "checkpoint" if spec_rollback == "checkpoint" else "snapshot"
+        compute = None  # the engine's worst-case graphs, sized by ggml (nothing is loaded)
+        if binding:
+            try:
+                from pyggspec.compute import GraphOptions, predict_compute
+
+                opts = GraphOptions(n_ctx_run, n_parallel, n_ubatch, n_max,
+                                    rollback if n_max else None, type_k, type_v, mtp_type_k,
+                                    mtp_type_v)
+                compute = predict_compute(model, opts, p_trunk,
+                                          placements[1] if model.mtp_file is not None else None)
+            except Exception as e:  # noqa: BLE001 - a device that cannot be opened here
+                report["warnings"].append(f"compute buffers estimated, not sized by ggml "
+                                          f"({type(e).__name__}: {e})")
         plan = plan_memory(trunk.hparams, trunk.n_vocab, weights, p_trunk.layer_devices,
-                           p_trunk.output_device, n_ctx=n_ctx, n_parallel=n_parallel,
+                           p_trunk.output_device, n_ctx=n_ctx_run, n_parallel=n_parallel,
                            n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, spec_n_max=n_max,
-                           rollback="checkpoint" if spec_rollback == "checkpoint" else "snapshot",
-                           mtp_device=mtp_dev,
+                           rollback=rollback, mtp_device=mtp_dev,
                            mtp_hp=model.mtp_file.hparams if model.mtp_file is not None else None,
-                           mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v)
+                           mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v, compute=compute)
         report["memory"].update(plan.to_dict())
         report["memory"]["spec_draft_n_max"] = n_max
         if n_gpu_layers not in (None, 0, "auto") and not p_trunk.offload_devices:
@@ -387,6 +405,8 @@ def _human(r: dict[str, Any], show_tensors: bool) -> str:
                            "engine plan" + (f" (draft-mtp, n_max {mem['spec_draft_n_max']})"
                                             if mem.get("spec_draft_n_max") else "") + ": "
                            + ", ".join(f"{c} {fmt_bytes(sum(mem[c].values()))}"
+                                       + (" (estimated)" if c == "compute"
+                                          and mem.get("compute_estimated") else "")
                                        for c in ("weights", "kv", "mtp_kv", "recurrent",
                                                  "snapshots", "checkpoints", "compute")
                                        if c in mem)

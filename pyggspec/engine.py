@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from typing_extensions import Self
 
+from pyggspec.compute import reserve_compute
 from pyggspec.errors import PyggspecError
 from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
 from pyggspec.ggml.sched import Scheduler
@@ -170,6 +171,20 @@ class Engine:
                               type_k, type_v)
             self._closers.append(self.kv)
             self.rollback = self._choose_rollback(recr) if self.spec_type else None
+            used = {self.placement.output_device, *self.placement.layer_devices[: hp.n_layer]}
+            self.backends: list[Backend] = []
+            for name in sorted(used - {"CPU"}):
+                self.backends.append(get_device(name).open())
+            self.backends.append(cpu_device().open(self.n_threads))
+            self._closers.extend(self.backends)
+            self.sched = Scheduler(self.backends)
+            self._closers.append(self.sched)
+            # the MTP head runs on its own scheduler (target and draft graphs never evict
+            # each other's allocation)
+            self.mtp_sched = Scheduler(self.backends) if self.spec_type else None
+            if self.mtp_sched is not None:
+                self._closers.append(self.mtp_sched)
+            self._draft_argmax = draft_backend_sampling
             self.memory_plan = self._plan_memory()
             self._check_fit()
             planes = 1
@@ -179,15 +194,6 @@ class Engine:
                 planes = 2
             self.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, n_parallel, planes)
             self._closers.append(self.rs)
-
-            used = {self.placement.output_device, *self.placement.layer_devices[: hp.n_layer]}
-            self.backends: list[Backend] = []
-            for name in sorted(used - {"CPU"}):
-                self.backends.append(get_device(name).open())
-            self.backends.append(cpu_device().open(self.n_threads))
-            self._closers.extend(self.backends)
-            self.sched = Scheduler(self.backends)
-            self._closers.append(self.sched)
             self.target = Target(hp, self.weights, self.kv, self.rs, self.sched)
             self._step_ub: dict[int, UBatch] = {}
             self._closers.append(self.target)
@@ -195,6 +201,8 @@ class Engine:
             self.stats = SpecStats()
             if self.spec_type:
                 self._init_mtp(kv_cells, mtp_type_k, mtp_type_v, draft_backend_sampling)
+            # compute buffers at their worst case now, so they never grow while generating
+            reserve_compute(self._compute, self.target, self.mtp)
             self.tokenizer = None
             if load_tokenizer:
                 from pyggspec.tokenizer import Tokenizer
@@ -208,21 +216,34 @@ class Engine:
             raise
 
     def _plan_memory(self):
+        """Every component predicted before the states are allocated; compute buffers from
+        ggml's sizing of the worst-case graphs on this engine's schedulers (reserved for
+        real once the states exist, so :meth:`memory` reports the same numbers)."""
+        from pyggspec.compute import GraphOptions, size_compute
         from pyggspec.memory.plan import plan_memory
 
         p = self.placement
         mtp_dev = None
         mtp_hp = None
         if self.spec_type:
-            mtp_dev = self.weights.device_of(f"blk.{self.hp.n_layer}.nextn.eh_proj.weight").name
+            mtp_dev = self.weights.device_of(f"blk.{self.hp.n_layer}.nextn.eh_proj.weight")
             mtp_hp = self.model.mtp_file.hparams if self.model.mtp_file is not None else None
+        opts = GraphOptions(self.n_ctx, self.n_parallel, self.n_ubatch,
+                            self.spec.n_max if self.spec_type else 0, self.rollback,
+                            self._type_k, self._type_v, *self._mtp_types,
+                            device_argmax=self._draft_argmax,
+                            draft_vocab=max(0, self.spec.draft_vocab))
+        layer_devs = {il: get_device(p.layer_devices[il]) for il in range(self.hp.n_layer)}
+        self._compute = size_compute(opts, self.hp, self.weights, layer_devs, self.sched,
+                                     self.mtp_sched, mtp_hp, mtp_dev)
         return plan_memory(self.hp, self.n_vocab, dict(self.weights.bytes_by_device()),
                            p.layer_devices, p.output_device, n_ctx=self.n_ctx,
                            n_parallel=self.n_parallel, n_ubatch=self.n_ubatch,
                            type_k=self._type_k, type_v=self._type_v,
-                           spec_n_max=self.spec.n_max if self.spec_type else 0,
-                           rollback=self.rollback, mtp_device=mtp_dev, mtp_hp=mtp_hp,
-                           mtp_type_k=self._mtp_types[0], mtp_type_v=self._mtp_types[1])
+                           spec_n_max=opts.spec_n_max, rollback=self.rollback,
+                           mtp_device=mtp_dev.name if mtp_dev is not None else None,
+                           mtp_hp=mtp_hp, mtp_type_k=self._mtp_types[0],
+                           mtp_type_v=self._mtp_types[1], compute=self._compute.by_device())
 
     def _check_fit(self) -> None:
         """Say so before allocating when states do not fit a device; snapshots degrade to
@@ -283,8 +304,6 @@ class Engine:
         self.mtp_kv = KVCache({block: dev}, mtp_hp.n_embd_k_gqa, mtp_hp.n_embd_v_gqa, kv_cells,
                               self.n_parallel, type_k, type_v, label="mtp-kv")
         self._closers.append(self.mtp_kv)
-        self.mtp_sched = Scheduler(self.backends)
-        self._closers.append(self.mtp_sched)
         dv = self.spec.draft_vocab
         if dv < 0:
             raise PyggspecError("--spec-draft-vocab", f"must be >= 0, got {dv}")

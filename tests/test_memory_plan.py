@@ -1,57 +1,157 @@
-"""inspect predicts what run allocates: every component per device, total within 5%."""
+"""inspect predicts what run allocates: every component per device; compute buffers are
+ggml's own sizing of the worst-case graphs, reserved at startup and never grown."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from pyggspec.cli import main
 from pyggspec.engine import Engine
 from pyggspec.speculative.loop import SpecConfig
-from pyggspec.testing import cached_model, tiny_dense, tiny_moe
+from pyggspec.testing import cached_model, qwen35_0_8b, tiny_dense, tiny_moe
 
-PROMPTS = [list(range(300, 300 + 200)), [301, 302, 303]]
+
+def _zero_weights(self):
+    """TensorEntry.data stand-in: zeros in the planned type (only shapes matter here)."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf import quants
+
+    if self.qtype in (QT.F32, QT.F16):
+        return np.zeros(self.shape, np.float32 if self.qtype == QT.F32 else np.float16)
+    return np.zeros(quants.quant_shape_to_byte_shape(self.shape, self.qtype), np.uint8)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
+    """tiny dense / MoE (f32, 16k context), the same split into trunk + MTP file, and real
+    Qwen3.5-0.8B widths and vocabulary with 4 layers (q8_0 zeros: written in a second)."""
+    from pyggspec.testing import writer
+
     d = tmp_path_factory.mktemp("memplan")
-    return {a: cached_model(f(dtype="f32", agreement=0.8, tied_embeddings=False), d)
-            for a, f in (("dense", tiny_dense), ("moe", tiny_moe))}
+    kw = {"dtype": "f32", "agreement": 0.8, "tied_embeddings": False, "context_length": 16384}
+    out = {a: cached_model(f(**kw), d) for a, f in (("dense", tiny_dense), ("moe", tiny_moe))}
+    out["split"] = cached_model(tiny_dense(**kw), d, layout="split")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(writer.TensorEntry, "data", _zero_weights)
+        out["0.8b"] = cached_model(qwen35_0_8b(dtype="q8_0", n_layer=4), d)
+    return out
 
 
-@pytest.mark.parametrize("arch", ["dense", "moe"])
-@pytest.mark.parametrize("rollback,n_max", [("snapshot", 3), ("checkpoint", 2), (None, 0)])
-def test_inspect_prediction_matches_run_allocation(models, arch, rollback, n_max):
-    path = models[arch]
-    args = ["inspect", str(path), "--ctx", "1024", "--parallel", "2", "-ub", "128",
-            "--spec-draft-n-max", str(n_max), "--json", "-ngl", "0"]
+def _inspect(path, n_ctx, n_par, ub, n_max, rollback, mtp=None, ngl=0, device=None) -> dict:
+    args = ["inspect", str(path), "--ctx", str(n_ctx), "--parallel", str(n_par), "-ub",
+            str(ub), "--spec-draft-n-max", str(n_max), "--json", "-ngl", str(ngl)]
+    if device:
+        args += ["--device", device]
     if rollback:
         args += ["--spec-rollback", rollback]
+    if mtp is not None:
+        args += ["--mtp", str(mtp)]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
-    pred = json.loads(r.output)["memory"]
-    spec = {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=n_max, rollback=rollback)} \
-        if n_max else {}
-    with Engine(path, n_ctx=1024, n_parallel=2, n_ubatch=128, n_threads=2,
-                n_gpu_layers=0, **spec) as e:
-        e.generate_batch(PROMPTS, max_tokens=12, ignore_eos=True)
+    return json.loads(r.output)["memory"]
+
+
+def _engine(path, n_ctx, n_par, ub, n_max, rollback, mtp=None, **kw) -> Engine:
+    spec = ({"spec_type": "draft-mtp", "spec": SpecConfig(n_max=n_max, rollback=rollback or
+                                                          "auto")} if n_max else {})
+    kw.setdefault("n_gpu_layers", 0)
+    return Engine(path, mtp_path=mtp, n_ctx=n_ctx, n_parallel=n_par, n_ubatch=ub,
+                  n_threads=2, load_tokenizer=False, repack=False, **spec, **kw)
+
+
+# model, ctx, parallel, ubatch, n_max, rollback
+GRID = [
+    ("dense", 512, 1, 512, 0, None),
+    ("dense", 8192, 4, 512, 6, "snapshot"),
+    ("dense", 1024, 2, 64, 3, "checkpoint"),
+    ("moe", 2048, 3, 128, 1, "snapshot"),
+    ("moe", 8192, 2, 256, 4, "checkpoint"),
+    ("split", 4096, 3, 512, 2, "snapshot"),
+    ("0.8b", 512, 1, 512, 0, None),
+    ("0.8b", 4096, 4, 512, 3, "snapshot"),
+    ("0.8b", 8192, 2, 256, 6, "checkpoint"),
+    ("0.8b", 2048, 3, 128, 1, "snapshot"),
+]
+
+
+@pytest.mark.parametrize("arch,n_ctx,n_par,ub,n_max,rollback", GRID)
+def test_inspect_predicts_reserved_compute(models, arch, n_ctx, n_par, ub, n_max, rollback):
+    """inspect (nothing loaded) predicts every component the engine allocates at startup;
+    compute within 5% per device (it is the same ggml sizing of the same graphs)."""
+    path, mtp = (models[arch], None) if arch != "split" else models[arch]
+    pred = _inspect(path, n_ctx, n_par, ub, n_max, rollback, mtp)
+    assert "compute_estimated" not in pred
+    with _engine(path, n_ctx, n_par, ub, n_max, rollback, mtp) as e:
         got = e.memory()
-        assert e.memory_plan.to_dict()["total_bytes"] == pytest.approx(got["total_bytes"],
-                                                                        rel=0.05)
-    assert "total_bytes" in got and "by_device" in got
-    # exact components (everything but the allocator's compute buffers)
+        plan = e.memory_plan.to_dict()
     for comp in ("kv", "mtp_kv", "recurrent", "snapshots", "checkpoints"):
-        assert pred.get(comp) == got.get(comp), comp
-    if not n_max:
-        pred_total = pred["total_bytes"] - sum(pred.get("weights", {}).values()) \
-            + sum(got["weights"].values())  # inspect counts the grafted MTP block's weights
-    else:
-        pred_total = pred["total_bytes"]
+        assert pred.get(comp) == got.get(comp) == plan.get(comp), comp
+    assert plan["compute"] == got["compute"]  # the engine reserved what it planned
+    assert set(pred["compute"]) == set(got["compute"])
+    for dev, n in got["compute"].items():
+        assert n > 0
+        assert pred["compute"][dev] == pytest.approx(n, rel=0.05), dev
+    weights = sum(got["weights"].values())
+    # inspect also counts a grafted MTP block the engine leaves unloaded without speculation
+    pred_total = pred["total_bytes"] - sum(pred["weights"].values()) + weights
     assert pred_total == pytest.approx(got["total_bytes"], rel=0.05)
-    assert got["compute"]["CPU"] > 0
+
+
+def _mixed_run(e: Engine, n_max: int) -> None:
+    """Long prompts up to the context, gaps in the live slots, speculation and rollback."""
+    n_ctx, n_par = e.n_ctx, e.n_parallel
+    vocab = min(e.n_vocab, 1000) - 300
+
+    def prompt(n: int) -> list[int]:
+        return [300 + i % vocab for i in range(n)]
+
+    last, hidden = n_par - 1, bool(n_max)
+    e.decode({0: prompt(n_ctx - 8), last: prompt(n_ctx - 8)}, hidden=hidden)
+    e.decode({0: prompt(4), last: prompt(4)}, hidden=hidden)  # one ubatch, slots apart
+    for s in range(n_par):
+        e.clear(s)
+    e.decode({0: prompt(e.n_ubatch // 2), last: prompt(e.n_ubatch // 2)}, hidden=hidden)
+    for s in range(n_par):
+        e.clear(s)
+    # the middle sequence hits the context first: the others go on with a gap between them
+    lens = [n_ctx - 12 if s % 2 == 0 else n_ctx - 30 + 20 * (s // 2 + 1) for s in range(n_par)]
+    lens = [min(n, n_ctx - 3) for n in lens]
+    if n_par > 2:
+        lens[1] = n_ctx - 4
+    e.generate_batch([prompt(n) for n in lens], max_tokens=10, ignore_eos=True)
+
+
+@pytest.mark.parametrize("arch,n_ctx,n_par,ub,n_max,rollback", [
+    ("moe", 512, 3, 512, 0, None),
+    ("dense", 600, 3, 100, 4, "snapshot"),
+    ("moe", 640, 4, 64, 2, "checkpoint"),
+    ("0.8b", 128, 3, 64, 3, "snapshot"),
+])
+def test_compute_buffers_never_grow(models, arch, n_ctx, n_par, ub, n_max, rollback):
+    """The startup reservation covers every graph the generation loop and decode() run."""
+    with _engine(models[arch], n_ctx, n_par, ub, n_max, rollback) as e:
+        planned = e.memory_plan.to_dict()["compute"]
+        assert e.memory()["compute"] == planned
+        _mixed_run(e, n_max)
+        assert e.memory()["compute"] == planned
+
+
+def test_prediction_and_reservation_across_devices(models, rpc_device):
+    """Layers, the MTP block and the LM head on a second device (RPC): each device's compute
+    buffer is predicted by inspect, reserved at startup and not grown by a generation."""
+    path, dev = models["dense"], rpc_device.name
+    pred = _inspect(path, 512, 2, 128, 3, "snapshot", ngl=3, device=dev)
+    with _engine(path, 512, 2, 128, 3, "snapshot", n_gpu_layers=3, device=dev) as e:
+        got = e.memory()["compute"]
+        assert set(got) == {"CPU", dev} and all(n > 0 for n in got.values())
+        assert pred["compute"] == pytest.approx(got, rel=0.05)
+        e.generate_batch([list(range(300, 700)), [301, 302, 303]], max_tokens=6,
+                         ignore_eos=True)
+        assert e.memory()["compute"] == got
 
 
 def test_snapshots_that_do_not_fit_fall_back_to_checkpoints(models, monkeypatch):

@@ -8,6 +8,7 @@ from pyggspec.errors import DeviceError
 from pyggspec.ggml import _lib
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.device import Device
+from pyggspec.ggml.tensor import Tensor
 
 USAGE_ANY = 0
 USAGE_WEIGHTS = 1
@@ -44,6 +45,27 @@ class Buffer:
         if usage:
             lib.ggml_backend_buffer_set_usage(ptr, usage)
         return buf
+
+    @classmethod
+    def placeholder(cls, device: Device, usage: int = USAGE_ANY, label: str = "") -> Buffer:
+        """A zero-byte buffer on ``device`` (ggml's dummy buffer). A tensor attached to it
+        (:meth:`attach`) counts as allocated on ``device`` for ggml's allocator and
+        scheduler, which look at ``tensor->buffer``: graphs over such tensors can be split
+        and their compute buffers sized without memory behind the tensors. Such a tensor
+        has no data: never read, write or compute it."""
+        ptr = _lib.lib.ggml_backend_buft_alloc_buffer(device.buffer_type(), 0)
+        if ptr == _lib.ffi.NULL:
+            raise DeviceError(device.name, "could not create a placeholder buffer")
+        buf = cls(ptr, device, label or "placeholder")
+        if usage:
+            _lib.lib.ggml_backend_buffer_set_usage(ptr, usage)
+        return buf
+
+    def attach(self, tensor: Tensor) -> None:
+        """Mark an unallocated ``tensor`` as living in this (placeholder) buffer."""
+        if tensor.is_allocated:
+            raise DeviceError(self.device.name, f"tensor '{tensor.name}' is allocated already")
+        tensor.ptr.buffer = self.ptr
 
     @property
     def size(self) -> int:

@@ -72,10 +72,25 @@ class Scheduler:
         self._finalizer()
 
     def reserve(self, graph: Graph) -> None:
-        """Size the compute buffers for ``graph`` (the largest graph expected)."""
+        """Grow the compute buffers to what ``graph`` needs (they never shrink): after
+        reserving every worst-case graph, no later graph reallocates them."""
+        self._allocated = None
         if not _lib.lib.ggml_backend_sched_reserve(self.ptr, graph.ptr):
             raise DeviceError(None, "could not reserve compute buffers")
+
+    def reserve_size(self, graph: Graph) -> dict[str, int]:
+        """Compute buffer bytes per device that ``graph`` alone needs, as ggml's allocator
+        lays it out, without allocating anything. Frees whatever this scheduler had
+        reserved, so it is for sizing before :meth:`reserve`, not on a running scheduler."""
+        ffi, lib = _lib.ffi, _lib.lib
         self._allocated = None
+        sizes = ffi.new("size_t[]", len(self.backends))
+        lib.ggml_backend_sched_reserve_size(self.ptr, graph.ptr, sizes)
+        lib.ggml_backend_sched_reset(self.ptr)
+        out: dict[str, int] = {}
+        for b, n in zip(self.backends, sizes, strict=True):
+            out[b.device.name] = out.get(b.device.name, 0) + int(n)
+        return out
 
     @property
     def multi_backend(self) -> bool:

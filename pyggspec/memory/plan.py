@@ -2,9 +2,11 @@
 
 ``plan_memory`` predicts, from hparams and a placement, what an engine with these options
 will allocate; ``Engine.memory()`` reports the same components from the real buffers, so
-``pyggspec inspect`` and ``pyggspec run --json`` can be compared line by line. Compute
-buffers are ggml's allocator's business: they are estimated from the largest ubatch (a
-few percent of the total on real models); everything else is exact arithmetic.
+``pyggspec inspect`` and ``pyggspec run --json`` can be compared line by line. Weights,
+caches and states are exact arithmetic. Compute buffers are what ggml's allocator lays out
+for the engine's worst-case graphs (:mod:`pyggspec.compute` sizes them, the engine
+reserves them at startup); they are passed in as ``compute``. Only without a usable ggml
+binding does a rough estimate from the largest ubatch stand in (marked as such).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class MemoryPlan:
     """Bytes by component, then by device name."""
 
     components: dict[str, dict[str, int]] = field(default_factory=dict)
+    estimated: bool = False  # compute buffers estimated, not sized by ggml
 
     def add(self, component: str, device: str, nbytes: int) -> None:
         if nbytes:
@@ -45,6 +48,8 @@ class MemoryPlan:
             if c in self.components:
                 d[c] = dict(self.components[c])
         d["by_device"] = self.by_device()
+        if self.estimated:
+            d["compute_estimated"] = True
         return d
 
 
@@ -62,8 +67,13 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
                 type_k: str = "f16", type_v: str = "f16", spec_n_max: int = 0,
                 rollback: str | None = None, mtp_device: str | None = None,
                 mtp_hp: HParams | None = None, mtp_type_k: str = "f16",
-                mtp_type_v: str = "f16") -> MemoryPlan:
-    """What an engine with these options allocates (``spec_n_max`` > 0: draft-mtp)."""
+                mtp_type_v: str = "f16",
+                compute: dict[str, int] | None = None) -> MemoryPlan:
+    """What an engine with these options allocates (``spec_n_max`` > 0: draft-mtp).
+
+    ``compute``: compute buffer bytes per device as ggml sizes the worst-case graphs
+    (:func:`pyggspec.compute.size_compute`); None: a rough estimate (``compute_estimated``).
+    """
     plan = MemoryPlan()
     for dev, n in weights_by_device.items():
         plan.add("weights", dev, n)
@@ -89,9 +99,14 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
         mk, mv = ggml_type(mtp_type_k), ggml_type(mtp_type_v)
         row = mk.row_bytes(mh.n_embd_k_gqa) + mv.row_bytes(mh.n_embd_v_gqa)
         plan.add("mtp_kv", mtp_device or output_device, row * cells * n_parallel)
-    # compute buffers (estimate, fitted on the 0.8B and tiny shapes): per token of the
-    # largest ubatch the attention mask row plus the live activations of the widest layer
-    # (the gated-delta-net's conv channels, or the FFN), and the logits rows of a step
+    if compute is not None:
+        for dev, n in compute.items():
+            plan.add("compute", dev, n)
+        return plan
+    plan.estimated = True
+    # no binding to size the graphs with: a rough estimate. Per token of the largest
+    # ubatch the attention mask row plus the live activations of the widest layer (the
+    # gated-delta-net's conv channels, or the FFN), and the logits rows of a step
     vocab_row = 4 * n_vocab
     rows = n_parallel * (_padded(spec_n_max + 1) if spec else 1)
     ub = min(n_ubatch, n_ctx)
