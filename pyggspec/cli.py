@@ -28,7 +28,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except PyggspecError as e:
-            click.echo(str(e), err=True)
+            click.echo(_one_line(str(e)), err=True)
             ctx.exit(1)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
@@ -38,9 +38,17 @@ class _Group(click.Group):
         except Exception as e:
             if os.environ.get("PYGGSPEC_DEBUG"):
                 raise
-            click.echo(f"pyggspec: internal error: {type(e).__name__}: {e} "
-                       "(PYGGSPEC_DEBUG=1 shows the traceback)", err=True)
+            click.echo(_one_line(f"pyggspec: internal error: {type(e).__name__}: {e} "
+                                 "(PYGGSPEC_DEBUG=1 shows the traceback)"), err=True)
             ctx.exit(1)
+
+
+def _one_line(msg: str) -> str:
+    """``msg`` as one printable line: text from a damaged file can carry any bytes (newlines,
+    terminal escapes) into a message; they are shown escaped."""
+    if msg.isprintable():
+        return msg
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in msg)
 
 
 @click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
@@ -160,13 +168,21 @@ def _parse_ngl(value: str | None) -> int | str | None:
 @click.option("-ctvd", "--spec-draft-type-v", "mtp_type_v", default="f16", show_default=True)
 @click.option("--tensors", "show_tensors", is_flag=True,
               help="Also list every tensor with type, shape and device.")
+@click.option("--pair", "pair_path", type=click.Path(path_type=Path), metavar="TRUNK",
+              help="FILE is an MTP-only GGUF: check that it pairs with this trunk GGUF "
+                   "(every mismatch is listed; exit 1 if any).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl: str | None,
             device: str | None, overrides: tuple[str, ...], cpu_moe: bool, type_k: str,
             type_v: str, n_ubatch: int, spec_n_max: int | None, spec_rollback: str,
-            mtp_type_k: str, mtp_type_v: str, show_tensors: bool, as_json: bool) -> None:
-    """Describe a Qwen3.5/3.6 GGUF: dims, layer kinds, MTP head, tensors, memory."""
-    from pyggspec.modelfile import estimate_memory, ggml_type, open_model
+            mtp_type_k: str, mtp_type_v: str, show_tensors: bool, pair_path: Path | None,
+            as_json: bool) -> None:
+    """Describe a Qwen3.5/3.6 GGUF: dims, layer kinds, MTP head, tensors, memory.
+
+    FILE may also be an MTP-only GGUF (mtp-*.gguf): then the head, its tensors and what a
+    trunk must match to pair with it are described (check one with --pair TRUNK).
+    """
+    from pyggspec.modelfile import MtpOnlyFileError, estimate_memory, ggml_type, open_model
     from pyggspec.weights import plan_placement, sum_bytes
 
     for opt, t in (("--cache-type-k", type_k), ("--cache-type-v", type_v)):
@@ -177,7 +193,20 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
     n_gpu_layers = _parse_ngl(ngl)
     ot = _parse_overrides(overrides)
 
-    with open_model(file, mtp_path) as model:
+    try:
+        opened = open_model(file, mtp_path)
+    except MtpOnlyFileError:
+        if mtp_path is not None:
+            raise click.UsageError(f"{file} is an MTP-only file: check it against a trunk "
+                                   "with --pair TRUNK, or inspect TRUNK --mtp FILE") from None
+        _inspect_mtp_only(file, pair_path, n_ctx, n_parallel, mtp_type_k, mtp_type_v,
+                          show_tensors, as_json)
+        return
+    if pair_path is not None:
+        opened.close()
+        raise click.BadParameter("is for an MTP-only FILE; pair a trunk FILE with --mtp",
+                                 param_hint="'--pair'")
+    with opened as model:
         infos, why = _device_infos()
         binding = infos is not None
         devices = ["CPU"] + [d.name for d in infos or () if str(d.type).lower() != "cpu"]
@@ -421,6 +450,102 @@ def _human(r: dict[str, Any], show_tensors: bool) -> str:
             f"{t['name']:<{wn}}  {t['type']:<7} {t['ne']!s:<22} {fmt_bytes(t['bytes']):>12}"
             f"  {t['device']}" for t in tl)
     return out
+
+
+def _inspect_mtp_only(file: Path, pair_path: Path | None, n_ctx: int, n_parallel: int,
+                      type_k: str, type_v: str, show_tensors: bool, as_json: bool) -> None:
+    """``inspect`` of an MTP-only file: describe it; with ``--pair``, exit 1 on a mismatch."""
+    from pyggspec.modelfile import ModelFile
+    from pyggspec.modelfile.describe import describe_mtp_only
+    from pyggspec.modelfile.model import fmt_fact
+
+    with ModelFile.open(file) as mf:
+        trunk = ModelFile.open(pair_path) if pair_path is not None else None
+        try:
+            r = describe_mtp_only(mf, trunk, n_ctx=n_ctx, n_parallel=n_parallel,
+                                  type_k=type_k, type_v=type_v)
+        finally:
+            if trunk is not None:
+                trunk.close()
+    if show_tensors:
+        r["tensor_list"] = [dict(t, file=Path(file).name, device="-")
+                            for t in r["mtp"]["shared_tensors"] + r["mtp"]["head_tensors"]]
+    click.echo(json.dumps(r) if as_json else _human_mtp_only(r))
+    pair = r["mtp"]["pair"]
+    if pair is not None and not pair["ok"]:
+        m = pair["mismatches"]
+        more = f" (and {len(m) - 1} more)" if len(m) > 1 else ""
+        raise PyggspecError(file, f"does not pair with {Path(pair['trunk']).name}: "
+                            f"{m[0]['key']} {fmt_fact(m[0]['here'])} here vs "
+                            f"{fmt_fact(m[0]['trunk'])} in the trunk{more}")
+
+
+def _human_mtp_only(r: dict[str, Any]) -> str:
+    from pyggspec.modelfile.model import fmt_fact
+
+    mtp, tok, mem = r["mtp"], r["tokenizer"], r["memory"]
+    f = r["files"][0]
+    kind = "MoE" if r["moe"] else "dense"
+
+    def tensor_lines(ts: list[dict[str, Any]]) -> str:
+        w = max(len(t["name"]) for t in ts)
+        return "\n".join(f"{t['name']:<{w}}  {t['type']:<7} {fmt_shape(t['ne']):<16} "
+                         f"{fmt_bytes(t['bytes'])}" for t in ts)
+
+    emb = "shared with token_embd" if mtp["shared_embedding"] else "own (nextn.embed_tokens)"
+    head = ("shared with " + ("token_embd (tied)" if r["tied_output"] else "output")
+            if mtp["shared_head"] else "own (nextn.shared_head_head)")
+    ffn = (f"{r['moe']['n_expert']} experts, {r['moe']['n_expert_used']} used, n_ff_exp "
+           f"{r['moe']['n_ff_exp']}, shared expert {r['moe']['n_ff_shexp']}" if r["moe"]
+           else f"n_ff {r['n_ff']}")
+    req = ", ".join(f"{k} {fmt_fact(v)}" for k, v in mtp["pairs_with"].items())
+    rows: list[tuple[str, str]] = [
+        ("file", (f"{f['path']} ({fmt_bytes(f['bytes'])}, {f['n_tensors']} tensors, GGUF "
+                 f"v{f['gguf_version']})")),
+        ("model", f"{r['name'] or '-'}: {r['arch']} ({kind}), size class {r['model_type']}"),
+        ("mtp", (f"mtp-only: the MTP head of a {r['n_layer']}-layer trunk, as block "
+                f"{mtp['block']}; no trunk layers in this file (it runs only next to its "
+                "trunk)")),
+        ("dims", (f"n_embd {r['n_embd']}, n_vocab {r['n_vocab']}, ctx_train "
+                 f"{r['n_ctx_train']}")),
+        ("attention", (f"{r['n_head']} heads, {r['n_head_kv']} KV heads, head_dim "
+                      f"{r['head_dim']}, n_rot {r['n_rot']}, rope base "
+                      f"{r['rope']['freq_base']:g}, sections {r['rope']['sections']}")),
+        ("ffn", ffn),
+        ("head", f"block {mtp['block']}: {len(mtp['head_tensors'])} tensors, "
+                 f"{fmt_bytes(mtp['head_bytes'])}\n" + tensor_lines(mtp["head_tensors"])),
+        ("shared", tensor_lines(mtp["shared_tensors"]) if mtp["shared_tensors"] else "-"),
+        ("", f"embedding {emb}; LM head {head}"),
+        ("tensor types", ", ".join(f"{t} {fmt_bytes(b)}" for t, b in r["tensor_types"].items())
+         + f"; total {fmt_bytes(r['total_bytes'])} in {r['n_tensors']} tensors"),
+        ("tokenizer", (f"{tok['model']} (pre {tok['pre'] or '-'}), {tok['n_tokens']} tokens, "
+                      f"{tok['n_merges']} merges, tokens sha256 {tok['tokens_sha256'][:12]}")),
+        ("memory", (f"MTP KV {fmt_bytes(mem['mtp_kv_per_seq'])} per seq (ctx {mem['n_ctx']}, "
+                   f"{mem['type_k']}/{mem['type_v']}) x {mem['n_parallel']} + weights "
+                   f"{fmt_bytes(mem['weights_total'])}; plan the whole model with "
+                   "inspect TRUNK --mtp FILE")),
+        ("pairs with", (f"a trunk GGUF with {req}\n(pyggspec run -m TRUNK --spec-type draft-mtp "
+                       f"-md {Path(f['path']).name})")),
+    ]
+    pair = mtp["pair"]
+    if pair is not None:
+        name = Path(pair["trunk"]).name
+        if pair["ok"]:
+            rows.append(("pair", f"{name}: ok, pairs with this file"))
+        else:
+            rows.append(("pair", f"{name}: does NOT pair\n" + "\n".join(
+                f"{m['key']} {fmt_fact(m['here'])} here vs {fmt_fact(m['trunk'])} in the trunk"
+                for m in pair["mismatches"])))
+    for w in r["warnings"]:
+        rows.append(("warning", w))
+    out = _rows(rows)
+    if "tensor_list" in r:
+        out += "\n\n" + tensor_lines(r["tensor_list"])
+    return out
+
+
+def fmt_shape(ne: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in ne) + "]"
 
 
 # ---------------------------------------------------------------------------- models

@@ -9,8 +9,6 @@ the time (DESIGN §5); its text is meaningless by design.
 from __future__ import annotations
 
 import os
-import sys
-import time
 from pathlib import Path
 
 DEMO_AGREEMENT = 0.95
@@ -23,24 +21,32 @@ def cache_dir() -> Path:
 
 
 def demo_model(quiet: bool = False) -> Path:
-    """Path of the demo GGUF, generating it once (about a minute, ~1 GiB) with progress."""
+    """Path of the demo GGUF, generating it once (about a minute, ~1 GiB) with progress: a
+    bar on a terminal, else one line when generation starts and one when it ends."""
+    from pyggspec.progress import Progress
     from pyggspec.testing import cached_model, qwen35_0_8b
 
     spec = qwen35_0_8b(dtype=DEMO_DTYPE, agreement=DEMO_AGREEMENT)
-    t0 = time.monotonic()
-    shown = [False]
+    bar: list[Progress] = []
 
     def progress(done: int, total: int) -> None:
         if quiet:
             return
-        if not shown[0]:
-            print("pyggspec: generating the synthetic demo model (once) into "
-                  f"{cache_dir()}", file=sys.stderr)
-            shown[0] = True
-        width = 30
-        fill = int(width * done / total)
-        print(f"\r  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} tensors "
-              f"{time.monotonic() - t0:5.1f}s", end="" if done < total else "\n",
-              file=sys.stderr, flush=True)
+        if not bar:
+            bar.append(Progress(total, _frame, header="pyggspec: generating the synthetic "
+                                f"demo model (once) into {cache_dir()}"))
+        bar[0].set(done)
+        if done >= total:
+            bar[0].finish()
 
-    return cached_model(spec, cache_dir(), progress=progress)
+    try:
+        return cached_model(spec, cache_dir(), progress=progress)
+    finally:
+        if bar:
+            bar[0].finish()
+
+
+def _frame(done: int, total: int, seconds: float) -> str:
+    width = 30
+    fill = int(width * done / total) if total else width
+    return f"  [{'#' * fill}{'.' * (width - fill)}] {done}/{total} tensors {seconds:5.1f}s"

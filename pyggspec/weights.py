@@ -27,14 +27,13 @@ from __future__ import annotations
 import bisect
 import os
 import re
-import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from pyggspec.errors import DeviceError, ModelFileError, PyggspecError
 from pyggspec.modelfile import Model, ModelFile, TensorInfo
+from pyggspec.progress import Progress
 
 if TYPE_CHECKING:
     import numpy as np
@@ -406,43 +405,31 @@ def default_mtp_placement(model: Model, placement: Placement) -> Placement:
 
 
 def _want_progress(progress: bool | None, total: int) -> bool:
-    if progress is not None:
-        return progress
-    try:
-        tty = sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        tty = False
-    return tty and total > PROGRESS_MIN_BYTES
+    return progress if progress is not None else total > PROGRESS_MIN_BYTES
 
 
 class _Progress:
-    """``pyggspec: loading weights  123.4/456.7 MiB  27%  350.2 MB/s`` on stderr, in place."""
+    """Weight upload progress: ``pyggspec: loading weights  123.4/456.7 MiB  27%  350.2 MB/s``
+    redrawn in place on a terminal; elsewhere one line at the start and one at the end."""
 
     def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.done = total, enabled and total > 0, 0
-        self.t0 = self.last = time.monotonic()
-        if self.enabled:
-            self._draw()
-
-    def _draw(self, end: str = "") -> None:
-        dt = max(time.monotonic() - self.t0, 1e-9)
-        pct = 100.0 * self.done / self.total
-        sys.stderr.write(f"\rpyggspec: loading weights {self.done / 2**20:9.1f}/"
-                         f"{self.total / 2**20:.1f} MiB {pct:3.0f}% "
-                         f"{self.done / dt / 1e6:8.1f} MB/s{end}")
-        sys.stderr.flush()
+        self.bar = None
+        if enabled and total > 0:
+            self.bar = Progress(total, _weights_frame,
+                                start=f"pyggspec: loading weights ({total / 2**20:.1f} MiB)")
 
     def update(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and now - self.last >= 0.1:
-            self.last = now
-            self._draw()
+        if self.bar is not None:
+            self.bar.update(n)
 
     def finish(self) -> None:
-        if self.enabled:
-            self._draw("\n")
-            self.enabled = False
+        if self.bar is not None:
+            self.bar.finish()
+
+
+def _weights_frame(done: int, total: int, dt: float) -> str:
+    return (f"pyggspec: loading weights {done / 2**20:9.1f}/{total / 2**20:.1f} MiB "
+            f"{100.0 * done / total:3.0f}% {done / max(dt, 1e-9) / 1e6:8.1f} MB/s")
 
 
 def load_weights(model: Model, placement: Placement, mtp_placement: Placement | None = None, *,
@@ -453,8 +440,8 @@ def load_weights(model: Model, placement: Placement, mtp_placement: Placement | 
     :func:`default_mtp_placement`). One context + buffer (usage WEIGHTS) per device; with
     ``use_mmap`` CPU tensors are not copied but point into the file mapping (llama.cpp's
     default), where the file's alignment allows it. Non-CPU devices are checked for free memory
-    before anything is allocated. ``progress``: None = a bar on a TTY stderr above 256 MiB of
-    copies, True/False = force on/off.
+    before anything is allocated. ``progress``: None = above 256 MiB of copies, True/False =
+    force on/off; a bar on a terminal stderr, else a line at the start and at the end.
     """
     from pyggspec.ggml.device import get_device
 

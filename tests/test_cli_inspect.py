@@ -180,14 +180,9 @@ def _nonexistent(tmp_path, tiny):
     return tmp_path / "missing-file.gguf", ["no such file"]
 
 
-def _sidecar_as_model(tmp_path, tiny):
-    return tiny("mtp-only", mtp="only"), ["is an MTP-only file"]
-
-
 @pytest.mark.parametrize("make", [
     _truncated, _truncated_header, _bad_magic, _bad_version, _empty, _unknown_arch,
     _missing_key, _missing_tensor, _wrong_shape, _wrong_type, _directory, _nonexistent,
-    _sidecar_as_model,
 ], ids=lambda f: f.__name__.strip("_"))
 def test_inspect_malformed(tmp_path, tiny, make):
     path, fragments = make(tmp_path, tiny)

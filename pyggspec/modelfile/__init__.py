@@ -16,17 +16,22 @@ from pyggspec.modelfile.gguf import GGML_TYPES, GGMLType, GGUFFile, TensorInfo, 
 from pyggspec.modelfile.hparams import SUPPORTED_ARCHS, HParams
 from pyggspec.modelfile.layout import TensorSpec, ValidationReport, expected_tensors
 from pyggspec.modelfile.model import (
+    PAIR_KEYS,
     Model,
     ModelFile,
     MtpInfo,
+    MtpOnlyFileError,
     check_mtp_sidecar,
     detect_mtp,
     open_model,
+    pair_mismatches,
+    pairing_facts,
 )
 from pyggspec.modelfile.vocab import TokenizerInfo
 
 __all__ = [
     "GGML_TYPES",
+    "PAIR_KEYS",
     "SUPPORTED_ARCHS",
     "GGMLType",
     "GGUFFile",
@@ -35,6 +40,7 @@ __all__ = [
     "Model",
     "ModelFile",
     "MtpInfo",
+    "MtpOnlyFileError",
     "TensorInfo",
     "TensorSpec",
     "TokenizerInfo",
@@ -47,5 +53,7 @@ __all__ = [
     "kv_bytes_per_seq",
     "mtp_kv_bytes_per_seq",
     "open_model",
+    "pair_mismatches",
+    "pairing_facts",
     "recurrent_bytes_per_seq",
 ]

@@ -18,6 +18,7 @@ order. Deliberate differences from llama.cpp, each safer than an abort later:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 
@@ -25,6 +26,9 @@ from pyggspec.modelfile.gguf import TensorInfo
 from pyggspec.modelfile.hparams import HParams
 
 F32_ONLY_REASON = "ggml's CPU kernel for its op takes only f32"
+# ggml types with no CPU dot product (ggml-cpu.c type_traits_cpu: no vec_dot): a weight of
+# one of these crashes the matrix multiply instead of failing cleanly
+NO_COMPUTE_TYPES = frozenset({"q8_1", "q8_K", "i8", "i16", "i32", "i64", "f64"})
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,33 @@ def _block(b: _Builder, hp: HParams, V: int, il: int, req: bool, mtp: bool) -> N
         add("nextn.shared_head_norm.weight", (E,), required=False)
 
 
+def hparams_errors(hp: HParams) -> list[str]:
+    """Values ggml asserts on deep inside a kernel (an abort of the whole process there), so
+    they are refused with the file's name first. llama.cpp loads such files and then aborts.
+    """
+    errors: list[str] = []
+    a = hp.arch
+    i32 = 2**31 - 1
+    for key, v, lo in (("context_length", hp.n_ctx_train, 1),
+                       ("rope.scaling.original_context_length", hp.n_ctx_orig_yarn, 0)):
+        if not lo <= v <= i32:  # ggml takes it as an int32 op parameter
+            errors.append(f"{a}.{key} = {v} must be in {lo}..{i32}")
+    if not (math.isfinite(hp.rms_eps) and hp.rms_eps >= 0):  # ggml_rms_norm asserts eps >= 0
+        errors.append(f"{a}.attention.layer_norm_rms_epsilon = {hp.rms_eps} must be a "
+                      "finite number >= 0")
+    if not (math.isfinite(hp.rope_freq_base) and hp.rope_freq_base > 0):
+        errors.append(f"{a}.rope.freq_base = {hp.rope_freq_base} must be a finite number > 0")
+    if hp.n_rot % 2:
+        errors.append(f"{a}.rope.dimension_count = {hp.n_rot} must be even (ggml rotates "
+                      "pairs of dimensions)")
+    sec = hp.rope_sections
+    if min(sec) < 0 or not 0 < sum(sec) <= hp.n_embd_head_k:
+        errors.append(f"{a}.rope.dimension_sections = {list(sec)}: each must be >= 0 and "
+                      f"their sum in 1..{hp.n_embd_head_k} (head size) for ggml's "
+                      "multi-section rope")
+    return errors
+
+
 def fmt_shape(ne: tuple[int, ...]) -> str:
     """llama.cpp's shape style: ``[2048, 151936]`` (trailing 1-dims dropped)."""
     dims = list(ne)
@@ -198,6 +229,10 @@ def check_tensors(specs: list[TensorSpec], tensors: Mapping[str, TensorInfo]) ->
         if t.ne != s.ne4:
             errors.append(f"tensor '{s.name}' has wrong shape: expected {fmt_shape(s.ne)}, "
                           f"got {fmt_shape(t.ne)}")
+            continue
+        if t.type.name in NO_COMPUTE_TYPES:
+            errors.append(f"tensor '{s.name}' has type {t.type.name}, which ggml's CPU "
+                          "backend cannot multiply or read rows from")
             continue
         if s.f32_only and t.type.name != "f32":
             errors.append(f"tensor '{s.name}' must be f32 ({F32_ONLY_REASON}), "

@@ -12,9 +12,14 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from pyggspec.errors import ModelFileError
-from pyggspec.modelfile.gguf import GGUFFile, TensorInfo
+from pyggspec.modelfile.gguf import GGUFFile, TensorInfo, quote_name
 from pyggspec.modelfile.hparams import HParams
-from pyggspec.modelfile.layout import ValidationReport, check_tensors, expected_tensors
+from pyggspec.modelfile.layout import (
+    ValidationReport,
+    check_tensors,
+    expected_tensors,
+    hparams_errors,
+)
 from pyggspec.modelfile.vocab import TokenizerInfo
 
 if TYPE_CHECKING:  # typing.Self is 3.11+
@@ -158,7 +163,7 @@ class ModelFile:
 
     def _check(self) -> ValidationReport:
         hp, t = self.hparams, self.tensors
-        errors: list[str] = []
+        errors: list[str] = hparams_errors(hp)
         warnings: list[str] = []
         emb = t.get("token_embd.weight")
         if emb is not None and emb.ne[1] != self.n_vocab:
@@ -174,7 +179,8 @@ class ModelFile:
         errs, unused = check_tensors(specs, t)
         errors.extend(errs)
         if unused:
-            shown = ", ".join(unused[:5]) + (", ..." if len(unused) > 5 else "")
+            shown = ", ".join(quote_name(n) for n in unused[:5]) + (
+                ", ..." if len(unused) > 5 else "")
             warnings.append(f"{len(unused)} tensor(s) not used by {hp.arch}: {shown} "
                             "(llama.cpp refuses files with unused tensors)")
         return ValidationReport(tuple(errors), tuple(warnings), tuple(unused), tuple(specs))
@@ -234,13 +240,18 @@ class Model:
         self.close()
 
 
+class MtpOnlyFileError(ModelFileError):
+    """A model file was asked for but this one holds only an MTP head (``inspect`` describes
+    it instead; ``run`` needs the trunk)."""
+
+
 def open_model(trunk_path: str | os.PathLike, mtp_path: str | os.PathLike | None = None
                ) -> Model:
     """Open a model file and optionally its MTP sidecar, checking that they belong together."""
     trunk = ModelFile.open(trunk_path)
     try:
         if trunk.mtp.status == "mtp-only":
-            raise ModelFileError(
+            raise MtpOnlyFileError(
                 trunk.path, "is an MTP-only file (no trunk layers); pass it as the MTP file "
                 "(--mtp) next to the full model")
         if mtp_path is None:
@@ -258,6 +269,34 @@ def open_model(trunk_path: str | os.PathLike, mtp_path: str | os.PathLike | None
     return Model(trunk, mtp)
 
 
+# What a trunk and an MTP-only file must agree on, in the order they are checked. The head
+# reads the trunk's hidden state (n_embd wide, of the last trunk layer: its block index is the
+# trunk's n_layer), drafts token ids the trunk verifies (same vocabulary), and shares the
+# trunk's attention shapes in llama.cpp's MTP context.
+PAIR_KEYS = ("arch", "n_embd", "n_embd_out", "n_vocab", "tokens_sha256", "n_layer", "n_head",
+             "n_head_kv", "head_dim", "n_expert", "tokenizer_model", "tokenizer_pre", "bos_id",
+             "eos_id")
+
+
+def pairing_facts(f: ModelFile) -> dict[str, object]:
+    """This file's values of :data:`PAIR_KEYS` (the same for a trunk and its MTP file)."""
+    hp, tok = f.hparams, f.tokenizer
+    facts: dict[str, object] = {
+        "arch": hp.arch, "n_embd": hp.n_embd, "n_embd_out": hp.n_embd_out,
+        "n_vocab": f.n_vocab, "tokens_sha256": tok.tokens_sha256, "n_layer": hp.n_layer,
+        "n_head": hp.n_head, "n_head_kv": hp.n_head_kv, "head_dim": hp.head_dim,
+        "n_expert": hp.n_expert, "tokenizer_model": tok.model, "tokenizer_pre": tok.pre,
+        "bos_id": tok.bos_id, "eos_id": tok.eos_id,
+    }
+    return {k: facts[k] for k in PAIR_KEYS}
+
+
+def pair_mismatches(trunk: ModelFile, mtp: ModelFile) -> list[tuple[str, object, object]]:
+    """Every ``(key, value in mtp, value in trunk)`` that differs between the two files."""
+    a, b = pairing_facts(trunk), pairing_facts(mtp)
+    return [(k, b[k], a[k]) for k in PAIR_KEYS if a[k] != b[k]]
+
+
 def check_mtp_sidecar(trunk: ModelFile, mtp: ModelFile) -> None:
     """Raise ModelFileError naming ``mtp`` unless it is an MTP-only file for ``trunk``."""
     hm = mtp.hparams
@@ -270,24 +309,16 @@ def check_mtp_sidecar(trunk: ModelFile, mtp: ModelFile) -> None:
     if mtp.mtp.status == "missing":
         raise ModelFileError(mtp.path, f"not an MTP file: nextn_predict_layers = "
                              f"{hm.n_layer_nextn} but it holds no MTP tensors")
-    ht = trunk.hparams
-    pairs = [
-        ("arch", ht.arch, hm.arch), ("n_embd", ht.n_embd, hm.n_embd),
-        ("n_embd_out", ht.n_embd_out, hm.n_embd_out), ("n_vocab", trunk.n_vocab, mtp.n_vocab),
-        ("trunk layers", ht.n_layer, hm.n_layer), ("n_head", ht.n_head, hm.n_head),
-        ("n_head_kv", ht.n_head_kv, hm.n_head_kv), ("head_dim", ht.head_dim, hm.head_dim),
-        ("n_expert", ht.n_expert, hm.n_expert),
-        ("tokenizer", (trunk.tokenizer.model, trunk.tokenizer.pre),
-         (mtp.tokenizer.model, mtp.tokenizer.pre)),
-        ("bos/eos ids", (trunk.tokenizer.bos_id, trunk.tokenizer.eos_id),
-         (mtp.tokenizer.bos_id, mtp.tokenizer.eos_id)),
-    ]
-    for what, a, b in pairs:
-        if a != b:
-            raise ModelFileError(
-                mtp.path, f"MTP file does not belong to {trunk.path.name}: {what} {_v(b)} "
-                f"here vs {_v(a)} in the model")
+    for what, b, a in pair_mismatches(trunk, mtp)[:1]:
+        raise ModelFileError(
+            mtp.path, f"MTP file does not belong to {trunk.path.name}: {what} {fmt_fact(b)} "
+            f"here vs {fmt_fact(a)} in the model")
 
 
-def _v(x: object) -> str:
-    return "/".join(str(i) for i in x) if isinstance(x, tuple) else str(x)
+def fmt_fact(x: object) -> str:
+    """A pairing value for messages: sha256 digests shortened, None as '-'."""
+    if x is None:
+        return "-"
+    if isinstance(x, str) and len(x) == 64:
+        return x[:12]
+    return str(x)

@@ -3,10 +3,11 @@ and what a trunk / MTP pair must agree on."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from pyggspec.errors import ModelFileError
-from pyggspec.modelfile.gguf import GGUFFile
+from pyggspec.modelfile.gguf import GGUFFile, quote_name
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,8 @@ class TokenizerInfo:
     pad_token: str | None
     add_bos: bool | None
     has_chat_template: bool
+    # sha256 of the stored token list: two files mean the same ids iff these are equal
+    tokens_sha256: str = ""
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> TokenizerInfo:
@@ -33,6 +36,12 @@ class TokenizerInfo:
         if kind != "array[string]":
             raise ModelFileError(f.path, f"tokenizer.ggml.tokens must be array[string], is {kind}")
         n = len(tokens)
+        dup = f.first_duplicate_string("tokenizer.ggml.tokens")
+        if dup is not None:
+            i, j = dup
+            raise ModelFileError(f.path, f"tokenizer.ggml.tokens: tokens {i} and {j} are the "
+                                 f"same string {quote_name(tokens[j])} (llama.cpp aborts on a "
+                                 "vocabulary with duplicates)")
 
         def special(key: str) -> tuple[int | None, str | None]:
             v = f.get(f"tokenizer.ggml.{key}")
@@ -53,6 +62,7 @@ class TokenizerInfo:
             bos_id=bos, bos_token=bos_s, eos_id=eos, eos_token=eos_s, pad_id=pad, pad_token=pad_s,
             add_bos=None if add_bos is None else bool(add_bos),
             has_chat_template=f.get("tokenizer.chat_template") is not None,
+            tokens_sha256=hashlib.sha256(f.raw_value("tokenizer.ggml.tokens")).hexdigest(),
         )
 
     def to_dict(self) -> dict:
@@ -63,4 +73,5 @@ class TokenizerInfo:
             "eos": {"id": self.eos_id, "token": self.eos_token},
             "pad": {"id": self.pad_id, "token": self.pad_token},
             "add_bos": self.add_bos, "chat_template": self.has_chat_template,
+            "tokens_sha256": self.tokens_sha256,
         }
