@@ -97,6 +97,8 @@ def _spec_lines(stats: dict) -> list[str]:
 @click.option("--rpc", "rpc", default=None, metavar="HOST:PORT[,...]",
               help="Add remote ggml RPC servers as devices (llama.cpp's rpc-server).")
 @click.option("--no-mmap", is_flag=True, help="Copy CPU weights instead of mapping the file.")
+@click.option("-nr", "--no-repack", is_flag=True,
+              help="Keep CPU weights as stored (no repacking into ggml's CPU extra buffer types).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
 @click.option("--spec-type", "spec_type", type=click.Choice(["none", "draft-mtp"]),
               default="none", show_default=True, help="Speculative decoding.")
@@ -125,7 +127,7 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         prompt_tokens: str | None, chat: bool, system_prompt: str | None, n_predict: int,
         n_ctx: int, n_parallel: int, n_batch: int, n_ubatch: int, n_threads: int | None,
         ngl: str | None, device: str | None, overrides: tuple[str, ...], cpu_moe: bool,
-        type_k: str, type_v: str, rpc: str | None, no_mmap: bool, ignore_eos: bool,
+        type_k: str, type_v: str, rpc: str | None, no_mmap: bool, no_repack: bool, ignore_eos: bool,
         spec_type: str, draft_model: Path | None, n_max: int, n_min: int, p_min: float,
         draft_vocab: int, rollback: str, mtp_type_k: str, mtp_type_v: str, sampling: SamplingOptions,
         as_json: bool) -> None:
@@ -170,7 +172,7 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
                 n_threads=n_threads, n_batch=n_batch, n_ubatch=n_ubatch,
                 n_gpu_layers=_parse_ngl(ngl), device=device,
                 override_tensor=_parse_overrides(overrides), cpu_moe=cpu_moe, type_k=type_k,
-                type_v=type_v, use_mmap=not no_mmap, progress=None if not as_json else False,
+                type_v=type_v, use_mmap=not no_mmap, repack=not no_repack, progress=None if not as_json else False,
                 spec_type=spec_type, spec=spec, mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v,
                 draft_backend_sampling=sampling.draft_backend_sampling,
                 sampling=sampling.params, backend_sampling=sampling.backend_sampling) as engine:

@@ -102,7 +102,8 @@ class Engine:
                  progress: bool | None = None, spec_type: str | None = None,
                  spec: SpecConfig | None = None, mtp_type_k: str = "f16",
                  mtp_type_v: str = "f16", draft_backend_sampling: bool = True,
-                 sampling: SamplingParams | None = None, backend_sampling: bool = False) -> None:
+                 sampling: SamplingParams | None = None, backend_sampling: bool = False,
+                 repack: bool = True) -> None:
         from pyggspec.weights import load_weights, plan_placement
 
         if min(n_ctx, n_parallel, n_batch, n_ubatch) < 1:
@@ -158,7 +159,7 @@ class Engine:
             self.placement = plan_placement(trunk, names, n_gpu_layers, device, override_tensor,
                                             cpu_moe, include_mtp=grafted)
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
-                                        progress=progress)
+                                        progress=progress, repack=repack)
             self._closers.append(self.weights)
             # verify/draft batches may run n_max + 2 positions past the committed ones
             kv_cells = self.n_ctx + (self.spec.n_max + 2 if self.spec_type else 0)

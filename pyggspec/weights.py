@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from pyggspec.ggml.buffer import Buffer
     from pyggspec.ggml.context import Context
     from pyggspec.ggml.device import Device
+    from pyggspec.ggml.repack import BufferType
     from pyggspec.ggml.tensor import Tensor
 
 CPU = "CPU"
@@ -271,6 +273,7 @@ class Weights:
         self._devices: dict[str, Device] = {}
         self._aliases: dict[str, str] = {}
         self._mapped: set[str] = set()
+        self._repacked: dict[str, str] = {}  # key -> extra buffer type name
         self._plan_devices: set[str] = set()
         self._views: list[np.ndarray] = []  # keep the file mappings exported (alive)
         self._contexts: list[Context] = []
@@ -337,6 +340,14 @@ class Weights:
     def mapped_bytes(self) -> int:
         return sum(self._tensors[k].nbytes for k in self._mapped)
 
+    def repacked(self) -> dict[str, str]:
+        """Keys held in a CPU extra buffer type (repacked copies) -> that type's name."""
+        return dict(self._repacked)
+
+    @property
+    def repacked_bytes(self) -> int:
+        return sum(self._tensors[k].nbytes for k in self._repacked)
+
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
         """Free the buffers, then the contexts, then release the file mappings (idempotent)."""
@@ -347,6 +358,7 @@ class Weights:
         self._tensors.clear()
         self._aliases.clear()
         self._mapped.clear()
+        self._repacked.clear()
         self._views.clear()
         self._closed = True
 
@@ -366,11 +378,13 @@ class Weights:
         return f"Weights({len(self._tensors)} tensors; {by})"
 
 
-def _jobs_for(file: ModelFile, placement: Placement, prefix_shared: bool) -> tuple[
-        list[_Job], dict[str, str]]:
+def _jobs_for(file: ModelFile, placement: Placement, prefix_shared: bool,
+              dup_tied: bool = False) -> tuple[list[_Job], dict[str, str]]:
     """Tensors of one file per ``placement``, plus aliases (the tied head on the same device).
 
     With ``prefix_shared`` (a separate MTP file) non-block tensors get the ``mtp:`` prefix.
+    ``dup_tied``: a tied head on the input's device is its own tensor anyway (as llama.cpp
+    loads it), so that it can be repacked while the embedding rows stay plain.
     """
     def key(name: str) -> str:
         return MTP_PREFIX + name if prefix_shared and not name.startswith("blk.") else name
@@ -385,9 +399,9 @@ def _jobs_for(file: ModelFile, placement: Placement, prefix_shared: bool) -> tup
     aliases: dict[str, str] = {}
     emb = "token_embd.weight"
     if file.tied_output and emb in placement.tensor_devices:
-        if placement.output_copy_device is not None:
+        if placement.output_copy_device is not None or dup_tied:
             jobs.append(_Job(key("output.weight"), file, file.tensors[emb],
-                             placement.output_copy_device))
+                             placement.output_copy_device or placement.device_of(emb)))
         else:
             aliases[key("output.weight")] = key(emb)
     return jobs, aliases
@@ -402,6 +416,43 @@ def default_mtp_placement(model: Model, placement: Placement) -> Placement:
     offload = placement.offload_devices
     return plan_placement(model.mtp_file, (CPU, *offload), n_gpu_layers=placement.n_gpu_layers,
                           device=",".join(offload) if offload else "none")
+
+
+# weights read by something other than a matrix multiply: never re-laid out
+_NOT_MATMUL = re.compile(r"(^|\.)(token_embd|embed_tokens|ssm_conv1d)\.weight$")
+_log_once: set[str] = set()
+
+
+def repack_buffer_types(cpu: Device) -> list[BufferType]:
+    """The CPU extra buffer types weights may go to, best first: AMX only where the probe
+    process saw it run (said once per process when skipped)."""
+    from pyggspec.ggml.amx_probe import amx_usable
+    from pyggspec.ggml.repack import extra_buffer_types
+
+    out = []
+    for b in extra_buffer_types(cpu):
+        if b.name == "AMX":
+            ok, why = amx_usable()
+            if not ok:
+                if "amx" not in _log_once:
+                    _log_once.add("amx")
+                    print(f"pyggspec: AMX weight buffers not used: {why}", file=sys.stderr)
+                continue
+        out.append(b)
+    return out
+
+
+def _repack_choice(cpu: Device, types: Sequence[BufferType], key: str,
+                   info: TensorInfo) -> BufferType | None:
+    """The first extra buffer type ggml can multiply ``info`` from, or None (stays plain)."""
+    from pyggspec.ggml.repack import supports_weight
+
+    if not types or info.n_dims not in (2, 3) or _NOT_MATMUL.search(key.split(":")[-1]):
+        return None
+    for b in types:
+        if supports_weight(cpu, b, info.type.id, tuple(info.ne[: info.n_dims])):
+            return b
+    return None
 
 
 def _want_progress(progress: bool | None, total: int) -> bool:
@@ -433,7 +484,8 @@ def _weights_frame(done: int, total: int, dt: float) -> str:
 
 
 def load_weights(model: Model, placement: Placement, mtp_placement: Placement | None = None, *,
-                 use_mmap: bool = True, progress: bool | None = None) -> Weights:
+                 use_mmap: bool = True, progress: bool | None = None, repack: bool = True,
+                 no_repack: frozenset[str] = frozenset()) -> Weights:
     """Create every planned tensor on its device and fill it with the file's raw bytes.
 
     ``placement`` is the trunk file's plan; ``mtp_placement`` the separate MTP file's (default:
@@ -442,14 +494,29 @@ def load_weights(model: Model, placement: Placement, mtp_placement: Placement | 
     default), where the file's alignment allows it. Non-CPU devices are checked for free memory
     before anything is allocated. ``progress``: None = above 256 MiB of copies, True/False =
     force on/off; a bar on a terminal stderr, else a line at the start and at the end.
-    """
-    from pyggspec.ggml.device import get_device
 
-    jobs, aliases = _jobs_for(model.trunk, placement, prefix_shared=False)
+    ``repack`` (llama.cpp's default; ``--no-repack`` turns it off): CPU matrix weights go to
+    the CPU backend's extra buffer types (re-laid out for its GEMV/GEMM kernels) wherever
+    ggml says it can run them from there; AMX only where :mod:`pyggspec.ggml.amx_probe`
+    saw it run. Those tensors are copies, not mapped. ``no_repack``: keys kept plain.
+    """
+    from pyggspec.ggml.device import cpu_device, get_device
+
+    cpu = cpu_device()
+    rtypes = repack_buffer_types(cpu) if repack else []
+
+    def dup(file: ModelFile, p: Placement) -> bool:
+        emb = file.tensors.get("token_embd.weight")
+        return (p.output_device == CPU and emb is not None
+                and _repack_choice(cpu, rtypes, "output.weight", emb) is not None)
+
+    jobs, aliases = _jobs_for(model.trunk, placement, prefix_shared=False,
+                              dup_tied=dup(model.trunk, placement))
     plan_devices = set(placement.bytes_by_device)
     if model.mtp_file is not None:
         mp = mtp_placement or default_mtp_placement(model, placement)
-        mjobs, maliases = _jobs_for(model.mtp_file, mp, prefix_shared=True)
+        mjobs, maliases = _jobs_for(model.mtp_file, mp, prefix_shared=True,
+                                    dup_tied=dup(model.mtp_file, mp))
         clash = {j.key for j in jobs} & {j.key for j in mjobs}
         if clash:
             raise PyggspecError(model.mtp_file.path, f"the MTP file's {min(clash)} is also "
@@ -469,7 +536,10 @@ def load_weights(model: Model, placement: Placement, mtp_placement: Placement | 
     w = Weights()
     w._plan_devices = plan_devices
     try:
-        _upload(w, jobs, devices, use_mmap=use_mmap, progress=progress)
+        _upload(w, jobs, devices, use_mmap=use_mmap, progress=progress,
+                repack=[] if not rtypes else [(j.key, _repack_choice(cpu, rtypes, j.key, j.info))
+                                              for j in jobs
+                                              if j.key not in no_repack and j.device == CPU])
     except BaseException:
         w.close()
         raise
@@ -482,17 +552,24 @@ def _addr(view: np.ndarray) -> int:
 
 
 def _upload(w: Weights, jobs: list[_Job], devices: Mapping[str, Device], *, use_mmap: bool,
-            progress: bool | None) -> None:
+            progress: bool | None, repack: list[tuple[str, BufferType | None]] = ()) -> None:
     """Build the contexts and buffers of ``w`` and fill them (see :func:`load_weights`)."""
     from pyggspec.ggml import _lib
     from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
     from pyggspec.ggml.context import Context
+    from pyggspec.ggml.repack import alloc_for_context
 
-    # Group: ("copy", device) -> one allocated buffer; ("map", path) -> one buffer over the mmap.
+    # Group: ("copy", device) -> one allocated buffer; ("map", path) -> one buffer over the
+    # mmap; ("repack", buffer type) -> one CPU extra buffer (written whole, tensor by tensor).
     groups: dict[tuple[str, str], list[tuple[_Job, np.ndarray | None]]] = {}
+    rtypes = {k: b for k, b in repack if b is not None}
+    by_name = {b.name: b for b in rtypes.values()}
     for j in jobs:
         dev = devices[j.device]
         view = None
+        if j.key in rtypes and dev.is_cpu:
+            groups.setdefault(("repack", rtypes[j.key].name), []).append((j, None))
+            continue
         if use_mmap and dev.is_cpu:
             view = j.file.tensor_data(j.info.name)
             if _addr(view) % TENSOR_ALIGNMENT:
@@ -533,6 +610,18 @@ def _upload(w: Weights, jobs: list[_Job], devices: Mapping[str, Device], *, use_
             buf = Buffer.for_context(ctx, dev, f"weights on {dev.name}", USAGE_WEIGHTS)
             w.buffers.append(buf)
             to_copy += [(j, t) for j, _, t in made]
+        elif kind == "repack":
+            assert cpu is not None
+            dev = cpu
+            ptr = alloc_for_context(ctx, by_name[where])
+            if ptr is None:
+                raise DeviceError(cpu.name, f"could not allocate the {where} weight buffer "
+                                  "(try --no-repack)")
+            buf = Buffer(ptr, cpu, f"weights repacked ({where})")
+            w.buffers.append(buf)
+            lib.ggml_backend_buffer_set_usage(ptr, USAGE_WEIGHTS)
+            to_copy += [(j, t) for j, _, t in made]
+            w._repacked.update({j.key: where for j, _, _ in made})
         else:
             assert cpu is not None
             dev = cpu
@@ -564,6 +653,10 @@ def _upload(w: Weights, jobs: list[_Job], devices: Mapping[str, Device], *, use_
     try:
         for j, t in to_copy:
             data = memoryview(j.file.tensor_data(j.info.name))
+            if j.key in w._repacked:  # a repacking buffer takes a tensor in one write
+                t.set(data)
+                bar.update(j.info.nbytes)
+                continue
             for off in range(0, j.info.nbytes, _COPY_CHUNK):
                 chunk = data[off:off + _COPY_CHUNK]
                 t.set(chunk, off)

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Decode benchmark: pyggspec vs llama.cpp (through llama_cpp) on the same GGUF.
+"""Prefill and decode: pyggspec vs llama.cpp (llama-bench, built without AMX) on the same GGUFs.
 
-Both run in this process, one at a time (two ggml CPU users at once slow each other
-down), alternating A/B per repetition because these machines drift. Reports prefill and
-decode tokens/s, their ratios, and pyggspec's host (Python) milliseconds per step.
+The 0.8B-shaped constructed-agreement model is generated once in F16 and quantized with
+llama.cpp's own ``llama-quantize`` to each type asked for. For every type and repetition,
+one engine at a time (two ggml CPU users at once slow each other down), in alternating
+order: llama-bench with its default repacking, llama-bench ``--repack 0``, pyggspec (its
+default, repacking on). Ratios are paired per repetition, then the median is reported.
 
-    python3 scripts/bench_decode.py                    # 0.8B-shaped q8_0 model, generated once
-    python3 scripts/bench_decode.py -m model.gguf -t 2 --prompt 512 --gen 128 --reps 3
+    scripts/build_llamacpp_tools.sh llama-bench llama-quantize    # once
+    python3 scripts/bench_decode.py                               # Q8_0 Q4_0 Q4_K_M IQ4_XS
+    python3 scripts/bench_decode.py --types Q4_K_M --reps 5 -t 2
+    python3 scripts/bench_decode.py -m model.gguf                 # one given file as is
 """
 
 from __future__ import annotations
@@ -15,108 +19,141 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build")) / "bin"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
 
-def default_model(dtype: str) -> Path:
+
+def tool(name: str) -> Path:
+    p = TOOLS / name
+    if not p.exists():
+        sys.exit(f"bench_decode: {p} not found; run scripts/build_llamacpp_tools.sh first")
+    return p
+
+
+def quantized_models(types: list[str]) -> dict[str, Path]:
+    """The F16 0.8B-shaped model (generated once) quantized by llama-quantize per type."""
     from pyggspec.testing import cached_model, qwen35_0_8b
 
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
-    spec = qwen35_0_8b(dtype=dtype, agreement=0.95)
-    print(f"model: {spec.name} {dtype} (generated once into {cache})", file=sys.stderr)
-    return cached_model(spec, cache)
+    src = cached_model(qwen35_0_8b(dtype="f16", agreement=0.95), CACHE)
+    out = {}
+    for t in types:
+        dst = src.with_name(src.name.replace("-F16", f"-{t}"))
+        if not dst.exists():
+            print(f"quantizing {src.name} -> {t}", file=sys.stderr)
+            tmp = dst.with_suffix(".tmp")
+            subprocess.run([str(tool("llama-quantize")), str(src), str(tmp), t, "2"],
+                           check=True, capture_output=True)
+            tmp.rename(dst)
+        out[t] = dst
+    return out
 
 
-def prompt_tokens(n: int, n_vocab: int, seed: int = 0) -> list[int]:
-    rng = np.random.default_rng(seed)
-    return [int(t) for t in rng.integers(300, min(n_vocab, 5000), size=n)]
+def run_llama_bench(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
+    cmd = [str(tool("llama-bench")), "-m", str(path), "-t", str(threads), "-p", str(n_prompt),
+           "-n", str(n_gen), "-r", "1", "--repack", "1" if repack else "0", "-o", "json"]
+    r = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    res = {}
+    for row in json.loads(r.stdout):
+        key = "prefill_tps" if row["n_prompt"] else "decode_tps"
+        res[key] = float(row["avg_ts"])
+    return res
 
 
-def run_llamacpp(path: Path, prompt: list[int], n_gen: int, threads: int) -> dict:
-    from pyggspec.testing.oracle import OracleModel
-
-    with OracleModel(path) as om, om.context(n_ctx=len(prompt) + n_gen + 8,
-                                             n_batch=len(prompt), n_threads=threads) as oc:
-        t0 = time.perf_counter()
-        lg = oc.eval(prompt, logits_all=False)
-        t1 = time.perf_counter()
-        toks = []
-        for _ in range(n_gen):
-            t = int(lg[-1].argmax())
-            toks.append(t)
-            lg = oc.eval([t], logits_all=False)
-        t2 = time.perf_counter()
-    return {"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n_gen / (t2 - t1),
-            "tokens": toks}
-
-
-def run_pyggspec(path: Path, prompt: list[int], n_gen: int, threads: int) -> dict:
-    from pyggspec.engine import Engine
-
-    with Engine(path, n_ctx=len(prompt) + n_gen + 8, n_threads=threads,
-                n_batch=len(prompt), n_ubatch=len(prompt), load_tokenizer=False) as e:
-        t0 = time.perf_counter()
-        lg = e.decode({0: prompt})[0].logits
-        t1 = time.perf_counter()
-        toks, py = [], []
-        for _ in range(n_gen):
-            t = int(lg[-1].argmax())
-            toks.append(t)
-            lg = e.decode({0: [t]})[0].logits
-            py.append(e.target.last_python_ms)
-        t2 = time.perf_counter()
-    return {"prefill_tps": len(prompt) / (t1 - t0), "decode_tps": n_gen / (t2 - t1),
-            "python_ms": statistics.median(py), "tokens": toks}
+def run_pyggspec(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
+    """In a child process, like llama-bench (its memory and threads gone afterwards)."""
+    code = f"""
+import json, statistics, time, numpy as np
+from pyggspec.engine import Engine
+rng = np.random.default_rng(0)
+with Engine({str(path)!r}, n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, n_batch={n_prompt},
+            n_ubatch={n_prompt}, load_tokenizer=False, progress=False, repack={repack}) as e:
+    prompt = [int(t) for t in rng.integers(300, 5000, size={n_prompt})]
+    e.decode({{0: prompt[:8]}}); e.clear(0)                       # warm-up, like llama-bench
+    t0 = time.perf_counter(); e.decode({{0: prompt}}); t1 = time.perf_counter()
+    e.clear(0)
+    e.step(0, 300)
+    e.clear(0)
+    py = []
+    t2 = time.perf_counter()
+    t = 300
+    for _ in range({n_gen}):
+        t = int(e.step(0, t).argmax())
+        py.append(e.target.last_python_ms)
+    t3 = time.perf_counter()
+    print(json.dumps({{"prefill_tps": {n_prompt} / (t1 - t0), "decode_tps": {n_gen} / (t3 - t2),
+                      "python_ms": statistics.median(py),
+                      "repacked": len(e.weights.repacked())}}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-m", "--model", type=Path)
-    ap.add_argument("--dtype", default="q8_0")
+    ap.add_argument("-m", "--model", type=Path, help="benchmark this file instead")
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K_M,IQ4_XS")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-pyggspec-norepack", action="store_true",
+                    help="skip pyggspec's own --no-repack run")
     args = ap.parse_args()
-    path = args.model or default_model(args.dtype)
-    from pyggspec.modelfile import ModelFile
+    models = ({args.model.name: args.model} if args.model
+              else quantized_models(args.types.split(",")))
+    runs = [("llama.cpp", True), ("llama.cpp -nr", False), ("pyggspec", True)]
+    if not args.no_pyggspec_norepack:
+        runs.append(("pyggspec -nr", False))
+    summary = []
+    for qt, path in models.items():
+        rows: dict[str, list[dict]] = {name: [] for name, _ in runs}
+        for rep in range(args.reps):
+            order = runs if rep % 2 == 0 else runs[::-1]
+            for name, repack in order:
+                fn = run_llama_bench if name.startswith("llama") else run_pyggspec
+                r = fn(path, args.prompt, args.gen, args.threads, repack)
+                rows[name].append(r)
+                print(f"{qt} rep {rep} {name:14s} prefill {r['prefill_tps']:8.1f} t/s  "
+                      f"decode {r['decode_tps']:7.2f} t/s", file=sys.stderr)
+                time.sleep(1)
 
-    with ModelFile.open(path) as mf:
-        n_vocab = mf.n_vocab
-    prompt = prompt_tokens(args.prompt, n_vocab)
-    rows = {"llama.cpp": [], "pyggspec": []}
-    for rep in range(args.reps):
-        for name, fn in (("llama.cpp", run_llamacpp), ("pyggspec", run_pyggspec)):
-            r = fn(path, prompt, args.gen, args.threads)
-            rows[name].append(r)
-            print(f"rep {rep} {name:9s} prefill {r['prefill_tps']:8.1f} t/s  "
-                  f"decode {r['decode_tps']:7.2f} t/s", file=sys.stderr)
-    same = rows["llama.cpp"][0]["tokens"] == rows["pyggspec"][0]["tokens"]
+        def ratio(key: str, ref: str, who: str = "pyggspec") -> float:
+            return statistics.median(a[key] / b[key] for a, b in zip(rows[who], rows[ref]))
 
-    def med(name, key):
-        return statistics.median(r[key] for r in rows[name])
+        def med(name: str, key: str) -> float:
+            return statistics.median(r[key] for r in rows[name])
 
-    pre_ratio = statistics.median(p["prefill_tps"] / q["prefill_tps"]
-                                  for p, q in zip(rows["pyggspec"], rows["llama.cpp"]))
-    dec_ratio = statistics.median(p["decode_tps"] / q["decode_tps"]
-                                  for p, q in zip(rows["pyggspec"], rows["llama.cpp"]))
-    print(f"\nmodel {path.name}, {args.threads} threads, prompt {args.prompt}, "
-          f"gen {args.gen}, {args.reps} alternating reps (medians)")
-    print(f"{'engine':10s} {'prefill t/s':>12s} {'decode t/s':>11s}")
-    for name in rows:
-        print(f"{name:10s} {med(name, 'prefill_tps'):12.1f} {med(name, 'decode_tps'):11.2f}")
-    print(f"{'ratio':10s} {pre_ratio:12.3f} {dec_ratio:11.3f}   (pyggspec / llama.cpp, paired)")
-    print(f"pyggspec python ms/step (median): {med('pyggspec', 'python_ms'):.3f}")
-    print(f"greedy tokens identical: {same}")
-    print(json.dumps({"bench": "decode", "model": path.name, "threads": args.threads,
-                      "prompt": args.prompt, "gen": args.gen, "reps": args.reps,
-                      "prefill_ratio": round(pre_ratio, 4), "decode_ratio": round(dec_ratio, 4),
-                      "python_ms_per_step": round(med("pyggspec", "python_ms"), 4),
-                      "tokens_identical": same}))
+        s = {"type": qt, "model": path.name,
+             "prefill_vs_default": ratio("prefill_tps", "llama.cpp"),
+             "decode_vs_default": ratio("decode_tps", "llama.cpp"),
+             "prefill_vs_norepack": ratio("prefill_tps", "llama.cpp -nr"),
+             "decode_vs_norepack": ratio("decode_tps", "llama.cpp -nr"),
+             "python_ms_per_step": med("pyggspec", "python_ms"),
+             "repacked_tensors": rows["pyggspec"][0]["repacked"],
+             "tps": {n: {"prefill": med(n, "prefill_tps"), "decode": med(n, "decode_tps")}
+                     for n in rows}}
+        summary.append(s)
+
+    print(f"\n{args.threads} threads, prompt {args.prompt}, gen {args.gen}, {args.reps} paired "
+          "reps; ratios = pyggspec / llama.cpp (medians of per-rep ratios)")
+    print(f"{'type':8s} {'pp/default':>10s} {'tg/default':>10s} {'pp/-nr':>8s} {'tg/-nr':>8s} "
+          f"{'py ms':>6s} {'repacked':>8s}")
+    for s in summary:
+        print(f"{s['type']:8s} {s['prefill_vs_default']:10.3f} {s['decode_vs_default']:10.3f} "
+              f"{s['prefill_vs_norepack']:8.3f} {s['decode_vs_norepack']:8.3f} "
+              f"{s['python_ms_per_step']:6.3f} {s['repacked_tensors']:8d}")
+    print(json.dumps({"bench": "decode", "threads": args.threads, "prompt": args.prompt,
+                      "gen": args.gen, "reps": args.reps,
+                      "results": [{k: (round(v, 4) if isinstance(v, float) else v)
+                                   for k, v in s.items()} for s in summary]}))
     return 0
 
 

@@ -85,7 +85,7 @@ class OracleModel:
 
     def __init__(
         self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, load_mtp: bool = False,
-        vocab_only: bool = False,
+        vocab_only: bool = False, repack: bool = False,
     ) -> None:
         _init_once()
         ll = _lib()
@@ -99,7 +99,9 @@ class OracleModel:
         p.n_gpu_layers = n_gpu_layers
         p.vocab_only = vocab_only
         p.load_mtp = load_mtp
-        p.use_extra_bufts = False
+        # repack=True is llama.cpp's default; it crashes where llama_cpp's build put AMX
+        # buffers in the list and the host cannot run them (ask amx_probe first)
+        p.use_extra_bufts = bool(repack)
         p.use_mmap = True
         self.model = ll.llama_model_load_from_file(os.fsencode(self.path), p)
         if not self.model:

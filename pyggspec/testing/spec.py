@@ -15,7 +15,9 @@ from typing import Any, Literal
 
 Arch = Literal["qwen35", "qwen35moe"]
 MtpLayout = Literal["grafted", "none"]
-DType = Literal["f32", "f16", "q8_0"]
+# f32/f16/q8_0: the converter's out types; q4_0/q4_k/iq4_xs: what llama-quantize makes
+# of the same model (the converter cannot write them)
+DType = Literal["f32", "f16", "q8_0", "q4_0", "q4_k", "iq4_xs"]
 RopeType = Literal["linear", "yarn", "longrope"]
 
 # Bump when the bytes written for a given spec change (invalidates cached_model files).
@@ -106,8 +108,8 @@ class ModelSpec:
         if self.mtp not in ("grafted", "none"):
             bad(f"mtp must be 'grafted' or 'none' (use write_split for the MTP-only file), "
                 f"not {self.mtp!r}")
-        if self.dtype not in ("f32", "f16", "q8_0"):
-            bad(f"dtype must be f32, f16 or q8_0, not {self.dtype!r}")
+        if self.dtype not in ("f32", "f16", "q8_0", "q4_0", "q4_k", "iq4_xs"):
+            bad(f"dtype must be f32, f16, q8_0, q4_0, q4_k or iq4_xs, not {self.dtype!r}")
         if self.n_head % self.n_head_kv:
             bad("n_head must be a multiple of n_head_kv")
         if self.dt_rank % self.n_group:

@@ -45,8 +45,12 @@ Part = Literal["full", "trunk", "mtp"]
 Maker = Callable[[], np.ndarray]
 
 _FILE_TYPE = {"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
-              "q8_0": LlamaFileType.MOSTLY_Q8_0}
-_OUT_QTYPE = {"f32": QT.F32, "f16": QT.F16, "q8_0": QT.Q8_0}
+              "q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_0": LlamaFileType.MOSTLY_Q4_0,
+              "q4_k": LlamaFileType.MOSTLY_Q4_K_M, "iq4_xs": LlamaFileType.MOSTLY_IQ4_XS}
+_OUT_QTYPE = {"f32": QT.F32, "f16": QT.F16, "q8_0": QT.Q8_0, "q4_0": QT.Q4_0, "q4_k": QT.Q4_K,
+              "iq4_xs": QT.IQ4_XS}
+# llama-quantize-style types: quantized by ggml itself (gguf-py cannot quantize them all)
+_GGML_QUANTIZED = (QT.Q4_0, QT.Q4_K, QT.IQ4_XS)
 
 # HF (after the converter's renames) -> GGUF, per block; the converter gets these from
 # gguf-py's TensorNameMap.
@@ -112,6 +116,8 @@ def converter_qtype(name: str, shape: tuple[int, ...], dtype: str) -> QT:
     if name.endswith(_F32_KINDS) or name[-7:] not in (".weight", ".lora_a", ".lora_b"):
         return QT.F32
     qtype = _OUT_QTYPE[dtype]
+    if qtype in _GGML_QUANTIZED and shape[-1] % quants.GGML_QUANT_SIZES[qtype][0] != 0:
+        qtype = QT.Q8_0  # like llama-quantize: rows that do not fit the blocks get Q8_0/F16
     if qtype == QT.Q8_0 and shape[-1] % 32 != 0:
         return QT.F16  # the converter catches QuantError and falls back to F16
     return qtype
@@ -130,6 +136,13 @@ class TensorEntry:
         arr = self.make()
         if arr.shape != self.shape:
             raise AssertionError(f"{self.name}: made {arr.shape}, planned {self.shape}")
+        if self.qtype in _GGML_QUANTIZED:
+            from pyggspec.ggml.quantize import quantize_rows
+
+            rows = arr.astype(np.float32, copy=False).reshape(-1, arr.shape[-1])
+            raw = quantize_rows(int(self.qtype), rows)
+            return np.frombuffer(raw, np.uint8).reshape(
+                quants.quant_shape_to_byte_shape(self.shape, self.qtype))
         try:
             return quants.quantize(arr.astype(np.float32, copy=False), self.qtype)
         except QuantError as e:  # pragma: no cover - planned types never hit this

@@ -1,0 +1,208 @@
+"""CPU weight repacking (llama.cpp's default extra buffer types) and the AMX probe.
+
+Repacked weights run ggml's interleaved GEMV/GEMM kernels: the same quantized arithmetic in
+another order, so logits move by float rounding only. The fixtures here are the
+constructed-agreement models (layers scaled down, not chaotic), where that rounding stays
+far below anything that could change a greedy token.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pyggspec.cli import main
+from pyggspec.engine import Engine
+from pyggspec.ggml import amx_probe
+from pyggspec.ggml.device import cpu_device
+from pyggspec.ggml.repack import extra_buffer_types, supports_weight
+from pyggspec.speculative.loop import SpecConfig
+from pyggspec.testing import cached_model, tiny_dense, tiny_moe
+from pyggspec.testing.oracle import OracleModel
+
+PROMPT = [int(t) for t in np.random.default_rng(3).integers(5, 900, size=24)]
+
+
+@pytest.fixture(scope="module")
+def qdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("repack_models")
+
+
+def qmodel(qdir, dtype, arch="dense", agreement=0.9, tied=False):
+    make = tiny_dense if arch == "dense" else tiny_moe
+    # rows of 256 so that every type (Q4_K / IQ4_XS blocks) quantizes the matrices
+    kw = {"n_embd": 256, "n_ff": 512} if arch == "dense" else {"n_embd": 256, "n_ff_exp": 256,
+                                                               "n_ff_shexp": 256}
+    return cached_model(make(dtype=dtype, agreement=agreement, tied_embeddings=tied, **kw), qdir)
+
+
+def repack_expected(dtype: str) -> bool:
+    """Does ggml on this CPU repack the bulk of a model of this type?"""
+    from pyggspec.ggml.dtypes import GGMLType
+
+    qt = {"q4_0": "Q4_0", "q4_k": "Q4_K", "q8_0": "Q8_0", "iq4_xs": "IQ4_XS", "f32": "F32"}[dtype]
+    cpu = cpu_device()
+    return any(supports_weight(cpu, b, GGMLType[qt], (256, 512))
+               for b in extra_buffer_types(cpu) if b.name != "AMX")
+
+
+def greedy(engine, prompt, n):
+    lg = engine.eval(prompt, 0)
+    rows, toks = [lg], []
+    for _ in range(n):
+        t = int(lg[-1].argmax())
+        toks.append(t)
+        lg = engine.eval([t], 0)
+        rows.append(lg)
+    return np.concatenate(rows), toks
+
+
+def test_extra_buffer_types_listed_and_probe_asked_once():
+    names = [b.name for b in extra_buffer_types(cpu_device())]
+    assert "CPU_REPACK" in names  # llama-cpp-python builds ggml with the repack kernels
+    usable, why = amx_probe.amx_usable()
+    assert isinstance(usable, bool) and why
+    if "AMX" not in names:
+        assert not usable and "no AMX" in why
+
+
+@pytest.mark.parametrize("dtype", ["f32", "q8_0", "q4_0", "q4_k", "iq4_xs"])
+def test_repacked_logits_and_greedy_equal_plain(qdir, dtype):
+    path = qmodel(qdir, dtype)
+    out = {}
+    for rp in (False, True):
+        with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False, repack=rp) as e:
+            logits, toks = greedy(e, PROMPT, 16)
+            out[rp] = (logits, toks, e.weights.repacked())
+    plain, packed = out[False], out[True]
+    assert plain[2] == {}
+    if repack_expected(dtype):
+        assert len(packed[2]) > 0 and "output.weight" in packed[2]
+        assert not any("token_embd" in k or "norm" in k for k in packed[2])
+    elif dtype == "f32":
+        assert packed[2] == {}
+    assert packed[1] == plain[1]
+    scale = np.abs(plain[0]).max()
+    # float rounding of a different summation order, no more (agreement fixtures: < 1e-6)
+    assert np.abs(packed[0] - plain[0]).max() <= 1e-4 * scale
+
+
+def test_moe_experts_repacked_and_equal(qdir):
+    path = qmodel(qdir, "q4_0", arch="moe")
+    out = {}
+    for rp in (False, True):
+        with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False, repack=rp) as e:
+            out[rp] = greedy(e, PROMPT, 12), e.weights.repacked()
+    if repack_expected("q4_0"):
+        assert any("_exps" in k for k in out[True][1])  # MUL_MAT_ID weights too
+    assert out[True][0][1] == out[False][0][1]
+    # MoE routers have small margins (DESIGN §10): rounding shows more (measured 1.8e-4)
+    assert np.abs(out[True][0][0] - out[False][0][0]).max() <= 1e-3 * np.abs(out[False][0][0]).max()
+
+
+def test_tied_head_gets_its_own_repacked_copy(qdir):
+    path = qmodel(qdir, "q4_0", agreement=None, tied=True)
+    with Engine(path, n_ctx=64, n_threads=2, load_tokenizer=False) as e:
+        rep = e.weights.repacked()
+        if repack_expected("q4_0"):
+            assert "output.weight" in rep and "token_embd.weight" not in rep
+            assert e.weights.get("output.weight").ptr != e.weights.get("token_embd.weight").ptr
+        with Engine(path, n_ctx=64, n_threads=2, load_tokenizer=False, repack=False) as p:
+            assert p.weights.repacked() == {}
+            a, b = e.eval(PROMPT[:8], 0), p.eval(PROMPT[:8], 0)
+    assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()  # chaotic random model: looser
+
+
+def test_repacked_matches_llamacpp(qdir):
+    """Against llama.cpp on the same file: with its repacking too where that is safe (no
+    AMX buffer type, or the probe saw AMX run), else llama.cpp's --no-repack."""
+    path = qmodel(qdir, "q4_0")
+    names = [b.name for b in extra_buffer_types(cpu_device())]
+    safe = "AMX" not in names or amx_probe.amx_usable()[0]
+    with OracleModel(path, repack=safe) as om, om.context(n_ctx=128, n_batch=128,
+                                                          n_threads=2) as oc:
+        lg = oc.eval(PROMPT)
+        ref, toks = [lg], []
+        for _ in range(12):
+            t = int(lg[-1].argmax())
+            toks.append(t)
+            lg = oc.eval([t])
+            ref.append(lg)
+    ref = np.concatenate(ref)
+    with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False) as e:
+        ours, our_toks = greedy(e, PROMPT, 12)
+    assert our_toks == toks
+    assert np.abs(ours - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 256])
+def test_speculation_lossless_with_repacked_weights(qdir, draft_vocab):
+    """The MTP head's LM head is repacked too; the draft-vocabulary view of it must still
+    read the right rows (drafts and acceptance equal the plain-weight run)."""
+    path = qmodel(qdir, "q4_0")
+    res = {}
+    for rp in (False, True):
+        with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False, repack=rp,
+                    spec_type="draft-mtp", spec=SpecConfig(n_max=3, draft_vocab=draft_vocab)) as e:
+            r = e.generate(PROMPT[:4], max_tokens=40, ignore_eos=True)
+            res[rp] = (r.tokens, e.stats.n_drafted, e.stats.n_accepted)
+    with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False) as e:
+        plain = e.generate(PROMPT[:4], max_tokens=40, ignore_eos=True).tokens
+    assert res[True] == res[False]
+    assert res[True][0] == plain
+    assert res[True][2] > 0
+
+
+def test_cli_no_repack_flag_and_memory(qdir):
+    path = qmodel(qdir, "q4_0")
+    base = ["run", "-m", str(path), "--prompt-tokens", "300,301,302", "-n", "6",
+            "--ignore-eos", "--json"]
+    on = CliRunner().invoke(main, base)
+    off = CliRunner().invoke(main, [*base, "--no-repack"])
+    assert on.exit_code == 0 and off.exit_code == 0, (on.output, off.output)
+    a, b = json.loads(on.output), json.loads(off.output)
+    assert a["tokens"] == b["tokens"]
+    # repacked tensors are copies: both runs account every weight byte once
+    assert a["memory"]["weights"] == b["memory"]["weights"] or repack_expected("q4_0")
+
+
+def test_amx_probe_verdicts(tmp_path, monkeypatch):
+    """A probe child that dies by a signal, hangs or exits non-zero means no AMX; the
+    verdict is cached per host key and re-asked with fresh=True."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls = []
+
+    def fake_run(code):
+        def run(cmd, **kw):
+            calls.append(cmd)
+            if code == "hang":
+                raise subprocess.TimeoutExpired(cmd, 1)
+            return subprocess.CompletedProcess(cmd, code)
+        return run
+
+    monkeypatch.setattr(amx_probe.subprocess, "run", fake_run(-11))
+    usable, why = amx_probe.amx_usable(fresh=True)
+    assert not usable and "signal 11" in why
+    monkeypatch.setattr(amx_probe.subprocess, "run", fake_run(0))
+    assert amx_probe.amx_usable() == (False, why)  # cached
+    assert amx_probe.amx_usable(fresh=True)[0] is True
+    monkeypatch.setattr(amx_probe.subprocess, "run", fake_run("hang"))
+    assert "hung" in amx_probe.amx_usable(fresh=True)[1]
+    assert len(calls) == 3
+
+
+def test_amx_probe_child_runs_here():
+    """The real child process: exits 0 (AMX ran) or 3 (no AMX buffer type in this build),
+    never a crash on a host without AMX."""
+    r = subprocess.run([sys.executable, "-m", "pyggspec.ggml.amx_probe", "--child"],
+                       capture_output=True, timeout=120)
+    names = [b.name for b in extra_buffer_types(cpu_device())]
+    if "AMX" not in names:
+        assert r.returncode == 3, r.stderr.decode()
+    else:
+        assert r.returncode in (0,) or r.returncode < 0 or r.returncode == 4
