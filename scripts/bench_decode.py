@@ -24,8 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build")) / "bin"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
@@ -125,10 +123,10 @@ def main() -> int:
                       f"decode {r['decode_tps']:7.2f} t/s", file=sys.stderr)
                 time.sleep(1)
 
-        def ratio(key: str, ref: str, who: str = "pyggspec") -> float:
+        def ratio(key: str, ref: str, who: str = "pyggspec", rows=rows) -> float:
             return statistics.median(a[key] / b[key] for a, b in zip(rows[who], rows[ref]))
 
-        def med(name: str, key: str) -> float:
+        def med(name: str, key: str, rows=rows) -> float:
             return statistics.median(r[key] for r in rows[name])
 
         s = {"type": qt, "model": path.name,

@@ -26,6 +26,12 @@ class _Dev:
     backend: str
 
 
+# the memory planner imports the real device module; load it before any test replaces that
+# module with a fake (otherwise this file fails when run on its own)
+import pyggspec.compute
+import pyggspec.memory  # noqa: F401
+
+
 def fake_devices(monkeypatch, *devs: _Dev) -> None:
     """Serve ``devs`` as the binding's device list (tests must not depend on the machine)."""
     fake = types.ModuleType("pyggspec.ggml.device")
