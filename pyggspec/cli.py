@@ -280,6 +280,8 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
 
 def _report(model: Any, placements: list[Any], mem: Any, no_binding: str | None
             ) -> dict[str, Any]:
+    from pyggspec.modelfile.describe import hparams_summary
+
     trunk = model.trunk
     hp = trunk.hparams
     mtp_file = model.mtp_owner
@@ -305,23 +307,7 @@ def _report(model: Any, placements: list[Any], mem: Any, no_binding: str | None
         "files": [{"path": str(f.path), "bytes": f.total_bytes, "n_tensors": len(f.tensors),
                    "gguf_version": f.gguf.version} for f in model.files],
         "name": trunk.name,
-        "arch": hp.arch,
-        "model_type": hp.model_type,
-        "n_embd": hp.n_embd,
-        "n_embd_out": hp.n_embd_out,
-        "n_vocab": trunk.n_vocab,
-        "n_ctx_train": hp.n_ctx_train,
-        "n_layer": hp.n_layer,
-        "n_layer_nextn": hp.n_layer_nextn,
-        "n_layer_all": hp.n_layer_all,
-        "n_head": hp.n_head,
-        "n_head_kv": hp.n_head_kv,
-        "head_dim": hp.head_dim,
-        "n_rot": hp.n_rot,
-        "rope": {"freq_base": hp.rope_freq_base, "sections": list(hp.rope_sections),
-                 "scaling": hp.rope_scaling_type, "freq_scale": hp.rope_freq_scale},
-        "rms_eps": hp.rms_eps,
-        "n_ff": hp.n_ff,
+        **hparams_summary(hp, trunk.n_vocab),
         "gdn": {"d_conv": hp.ssm_d_conv, "d_state": hp.ssm_d_state, "d_inner": hp.ssm_d_inner,
                 "n_k_heads": hp.ssm_n_group, "n_v_heads": hp.ssm_dt_rank,
                 "key_dim": hp.key_dim, "value_dim": hp.value_dim, "conv_dim": hp.conv_dim,

@@ -21,7 +21,7 @@ from pyggspec.modelfile import HParams, ModelFile
 from pyggspec.models.mtp import MtpBatch
 from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense
-from pyggspec.testing.oracle import OracleModel
+from pyggspec.testing.oracle import OracleModel, oracle_greedy, rel_err
 from pyggspec.testing.spec import RopeScaling
 
 YARN = RopeScaling("yarn", factor=4.0, original_max_position_embeddings=64)
@@ -34,19 +34,6 @@ def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("rope_models")
 
 
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-
-
-def oracle_greedy(path, prompt, n):
-    with OracleModel(path) as om, om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
-        lg = oc.eval(prompt)
-        rows, toks = [lg], []
-        for _ in range(n):
-            toks.append(int(lg[-1].argmax()))
-            lg = oc.eval([toks[-1]])
-            rows.append(lg)
-    return np.concatenate(rows), toks
 
 
 def ours_greedy(path, prompt, n):

@@ -15,7 +15,7 @@ import pytest
 
 from pyggspec.engine import Engine
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
-from pyggspec.testing.oracle import OracleModel
+from pyggspec.testing.oracle import OracleModel, oracle_greedy, rel_err
 
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(5, 900, size=40)]
 N_GREEDY = 32
@@ -31,21 +31,6 @@ def make(model_dir, arch: str, dtype: str = "f32", mtp: str = "grafted"):
     return cached_model(spec, model_dir)
 
 
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-
-
-def oracle_greedy(path, prompt, n):
-    """Logits of the prompt and of n greedy steps, and the greedy tokens, from llama.cpp."""
-    with OracleModel(path) as om, om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
-        lg = oc.eval(prompt)
-        rows, toks = [lg], []
-        for _ in range(n):
-            t = int(lg[-1].argmax())
-            toks.append(t)
-            lg = oc.eval([t])
-            rows.append(lg)
-    return np.concatenate(rows), toks
 
 
 def ours_greedy(engine, prompt, n, seq=0):

@@ -13,8 +13,31 @@ from typing import Any
 
 from pyggspec.errors import ModelFileError
 from pyggspec.modelfile.estimate import mtp_kv_bytes_per_seq
+from pyggspec.modelfile.hparams import HParams
 from pyggspec.modelfile.model import ModelFile, pair_mismatches, pairing_facts
 
+
+def hparams_summary(hp: HParams, n_vocab: int) -> dict:
+    """The shape keys every ``inspect`` JSON starts with (trunk and MTP-only alike)."""
+    return {
+        "arch": hp.arch,
+        "model_type": hp.model_type,
+        "n_embd": hp.n_embd,
+        "n_embd_out": hp.n_embd_out,
+        "n_vocab": n_vocab,
+        "n_ctx_train": hp.n_ctx_train,
+        "n_layer": hp.n_layer,
+        "n_layer_nextn": hp.n_layer_nextn,
+        "n_layer_all": hp.n_layer_all,
+        "n_head": hp.n_head,
+        "n_head_kv": hp.n_head_kv,
+        "head_dim": hp.head_dim,
+        "n_rot": hp.n_rot,
+        "rope": {"freq_base": hp.rope_freq_base, "sections": list(hp.rope_sections),
+                 "scaling": hp.rope_scaling_type, "freq_scale": hp.rope_freq_scale},
+        "rms_eps": hp.rms_eps,
+        "n_ff": hp.n_ff,
+    }
 
 def describe_mtp_only(mf: ModelFile, trunk: ModelFile | None = None, *, n_ctx: int = 4096,
                       n_parallel: int = 1, type_k: str = "f16", type_v: str = "f16"
@@ -48,23 +71,7 @@ def describe_mtp_only(mf: ModelFile, trunk: ModelFile | None = None, *, n_ctx: i
         "files": [{"path": str(mf.path), "bytes": mf.total_bytes, "n_tensors": len(mf.tensors),
                    "gguf_version": mf.gguf.version}],
         "name": mf.name,
-        "arch": hp.arch,
-        "model_type": hp.model_type,
-        "n_embd": hp.n_embd,
-        "n_embd_out": hp.n_embd_out,
-        "n_vocab": mf.n_vocab,
-        "n_ctx_train": hp.n_ctx_train,
-        "n_layer": hp.n_layer,
-        "n_layer_nextn": hp.n_layer_nextn,
-        "n_layer_all": hp.n_layer_all,
-        "n_head": hp.n_head,
-        "n_head_kv": hp.n_head_kv,
-        "head_dim": hp.head_dim,
-        "n_rot": hp.n_rot,
-        "rope": {"freq_base": hp.rope_freq_base, "sections": list(hp.rope_sections),
-                 "scaling": hp.rope_scaling_type, "freq_scale": hp.rope_freq_scale},
-        "rms_eps": hp.rms_eps,
-        "n_ff": hp.n_ff,
+        **hparams_summary(hp, mf.n_vocab),
         "moe": ({"n_expert": hp.n_expert, "n_expert_used": hp.n_expert_used,
                  "n_ff_exp": hp.n_ff_exp, "n_ff_shexp": hp.n_ff_shexp} if hp.is_moe else None),
         "mtp": mtp,

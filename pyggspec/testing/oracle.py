@@ -292,3 +292,22 @@ def greedy(path: str | os.PathLike[str], tokens: Sequence[int], n_new: int, *,
             out.append(t)
             logits = c.eval([t], logits_all=False)
     return out
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    """Max absolute difference relative to the reference's largest magnitude."""
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def oracle_greedy(path: str | os.PathLike[str], prompt: list[int], n: int,
+                  **model_kw) -> tuple[np.ndarray, list[int]]:
+    """llama.cpp's logits of the prompt and of ``n`` greedy steps, and the greedy tokens."""
+    with OracleModel(path, **model_kw) as om, om.context(n_ctx=256, n_batch=256,
+                                                         n_threads=2) as oc:
+        lg = oc.eval(prompt)
+        rows, toks = [lg], []
+        for _ in range(n):
+            toks.append(int(lg[-1].argmax()))
+            lg = oc.eval([toks[-1]])
+            rows.append(lg)
+    return np.concatenate(rows), toks
