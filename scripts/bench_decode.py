@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Prefill and decode: pyggspec vs llama.cpp (llama-bench, built without AMX) on the same GGUFs.
+"""Prefill and decode: pyggspec vs llama-server (built without AMX) on the same GGUFs.
 
 The 0.8B-shaped constructed-agreement model is generated once in F16 and quantized with
 llama.cpp's own ``llama-quantize`` to each type asked for. For every type and repetition,
 one engine at a time (two ggml CPU users at once slow each other down), in alternating
-order: llama-bench with its default repacking, llama-bench ``--repack 0``, pyggspec (its
-default, repacking on). Ratios are paired per repetition, then the median is reported.
+order: llama-server with its default repacking, llama-server ``--no-repack``, pyggspec (its
+default, repacking on); each does one 512-token prompt + 128 greedy tokens. Ratios are paired per repetition, then the median is reported.
 
-    scripts/build_llamacpp_tools.sh llama-bench llama-quantize    # once
+    scripts/build_llamacpp_tools.sh llama-server llama-quantize   # once
     python3 scripts/bench_decode.py                               # Q8_0 Q4_0 Q4_K_M IQ4_XS
     python3 scripts/bench_decode.py --types Q4_K_M --reps 5 -t 2
     python3 scripts/bench_decode.py -m model.gguf                 # one given file as is
@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build")) / "bin"
@@ -54,15 +56,43 @@ def quantized_models(types: list[str]) -> dict[str, Path]:
     return out
 
 
-def run_llama_bench(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
-    cmd = [str(tool("llama-bench")), "-m", str(path), "-t", str(threads), "-p", str(n_prompt),
-           "-n", str(n_gen), "-r", "1", "--repack", "1" if repack else "0", "-o", "json"]
-    r = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    res = {}
-    for row in json.loads(r.stdout):
-        key = "prefill_tps" if row["n_prompt"] else "decode_tps"
-        res[key] = float(row["avg_ts"])
-    return res
+def run_llama_server(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
+    """One request to a fresh llama-server (the speed reference, DESIGN §6): the prompt's
+    and the generation's tokens/s from its ``timings``; the server is stopped afterwards so
+    that only one engine uses the cores at a time."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(tool("llama-server")), "-m", str(path), "-t", str(threads), "-c",
+           str(n_prompt + n_gen + 16), "-np", "1", "--host", "127.0.0.1", "--port", str(port)]
+    if not repack:
+        cmd.append("--no-repack")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
+        rng = np.random.default_rng(0)
+        prompt = [int(t) for t in rng.integers(300, 5000, size=n_prompt)]
+        body = json.dumps({"prompt": prompt, "n_predict": n_gen, "ignore_eos": True,
+                           "temperature": 0, "cache_prompt": False}).encode()
+        req = urllib.request.Request(base + "/completion", body,
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            t = json.loads(r.read())["timings"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"prefill_tps": float(t["prompt_per_second"]),
+            "decode_tps": float(t["predicted_per_second"])}
 
 
 def run_pyggspec(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
@@ -75,13 +105,10 @@ with Engine({str(path)!r}, n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, n_
             n_ubatch={n_prompt}, load_tokenizer=False, progress=False, repack={repack}) as e:
     prompt = [int(t) for t in rng.integers(300, 5000, size={n_prompt})]
     e.decode({{0: prompt[:8]}}); e.clear(0)                       # warm-up, like llama-bench
-    t0 = time.perf_counter(); e.decode({{0: prompt}}); t1 = time.perf_counter()
-    e.clear(0)
-    e.step(0, 300)
-    e.clear(0)
+    t0 = time.perf_counter(); lg = e.decode({{0: prompt}})[0].logits; t1 = time.perf_counter()
     py = []
     t2 = time.perf_counter()
-    t = 300
+    t = int(lg[-1].argmax())  # decode after the prompt, as the server's request does
     for _ in range({n_gen}):
         t = int(e.step(0, t).argmax())
         py.append(e.target.last_python_ms)
@@ -116,7 +143,7 @@ def main() -> int:
         for rep in range(args.reps):
             order = runs if rep % 2 == 0 else runs[::-1]
             for name, repack in order:
-                fn = run_llama_bench if name.startswith("llama") else run_pyggspec
+                fn = run_llama_server if name.startswith("llama") else run_pyggspec
                 r = fn(path, args.prompt, args.gen, args.threads, repack)
                 rows[name].append(r)
                 print(f"{qt} rep {rep} {name:14s} prefill {r['prefill_tps']:8.1f} t/s  "
