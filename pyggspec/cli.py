@@ -246,7 +246,7 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
             report["warnings"].append(f"-c {n_ctx} is more than the model's training "
                                       f"context; memory is planned for {n_ctx_run}")
         rollback = "checkpoint" if spec_rollback == "checkpoint" else "snapshot"
-        compute = None  # the engine's worst-case graphs, sized by ggml (nothing is loaded)
+        compute = steps = None  # the engine's worst-case graphs, sized by ggml (nothing loaded)
         if binding:
             try:
                 from pyggspec.compute import GraphOptions, predict_compute
@@ -254,8 +254,9 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
                 opts = GraphOptions(n_ctx_run, n_parallel, n_ubatch, n_max,
                                     rollback if n_max else None, type_k, type_v, mtp_type_k,
                                     mtp_type_v)
-                compute = predict_compute(model, opts, p_trunk,
-                                          placements[1] if model.mtp_file is not None else None)
+                sized = predict_compute(model, opts, p_trunk,
+                                        placements[1] if model.mtp_file is not None else None)
+                compute, steps = sized.by_device(), sized.steps
             except Exception as e:  # noqa: BLE001 - a device that cannot be opened here
                 report["warnings"].append(f"compute buffers estimated, not sized by ggml "
                                           f"({type(e).__name__}: {e})")
@@ -264,7 +265,8 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
                            n_ubatch=n_ubatch, type_k=type_k, type_v=type_v, spec_n_max=n_max,
                            rollback=rollback, mtp_device=mtp_dev,
                            mtp_hp=model.mtp_file.hparams if model.mtp_file is not None else None,
-                           mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v, compute=compute)
+                           mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v, compute=compute,
+                           step_graphs=steps)
         report["memory"].update(plan.to_dict())
         report["memory"]["spec_draft_n_max"] = n_max
         if n_gpu_layers not in (None, 0, "auto") and not p_trunk.offload_devices:
@@ -423,7 +425,8 @@ def _human(r: dict[str, Any], show_tensors: bool) -> str:
                                        + (" (estimated)" if c == "compute"
                                           and mem.get("compute_estimated") else "")
                                        for c in ("weights", "kv", "mtp_kv", "recurrent",
-                                                 "snapshots", "checkpoints", "compute")
+                                                 "snapshots", "checkpoints", "compute",
+                                                 "step_graphs")
                                        if c in mem)
                            + f" = {fmt_bytes(mem['total_bytes'])}")))
     for w in r["warnings"]:

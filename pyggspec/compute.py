@@ -25,6 +25,11 @@ The graph kinds (what :mod:`pyggspec.engine` and :mod:`pyggspec.speculative.loop
 Every kind is sized at the largest attended window (all KV cells). Graphs outside the
 generation loop (``Engine.eval``'s logits for every token, a device sampling prefix) may
 still grow the buffers.
+
+With weights on several devices the per-step graphs (plain steps, verify, MTP catch-up and
+drafts: at most :attr:`GraphOptions.step_rows` rows per sequence) each keep a scheduler of
+their own (:class:`~pyggspec.models.runner.GraphRunner`), allocated when first run. Their
+bound, ``STEP_SCHEDS`` times the largest step graph of each runner, is ``steps``.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from pyggspec.ggml.tensor import Tensor
 from pyggspec.modelfile import HParams
 from pyggspec.models.mtp import MtpGraph, MtpShape, MtpWeights
 from pyggspec.models.qwen35 import TargetGraph, UBatchShape
+from pyggspec.models.runner import STEP_SCHEDS
 from pyggspec.speculative.loop import padded_rows
 
 MTP_NO_PAD_ROWS = 64  # the drafter pads catch-up batches shorter than this (draft_mtp.py)
@@ -72,34 +78,33 @@ class GraphOptions:
         return self.n_ctx + (self.spec_n_max + 2 if self.spec else 0)
 
     @property
+    def step_rows(self) -> int:
+        """Rows per sequence of the largest per-step graph: a verify batch (draft-mtp) or
+        one token (plain decoding)."""
+        if not self.spec:
+            return 1
+        return max(padded_rows(self.spec_n_max + 1, B) for B in range(1, self.n_parallel + 1))
+
+    @property
     def planes(self) -> int:
         """Recurrent state planes per sequence (current + snapshots or one checkpoint)."""
         if not self.spec:
             return 1
         return self.spec_n_max + 3 if self.rollback == "snapshot" else 2
 
-    def _slot_sets(self, B: int) -> list[tuple[int, ...]]:
-        """Slots of a B-sequence batch: contiguous, and (when some slot is left out) with a
-        gap, which attention splits per sequence (graphs depend on the slots today)."""
-        out = [tuple(range(B))]
-        if 2 <= B < self.n_parallel:
-            out.append((0, *range(2, B + 1)))
-        return out
-
     def target_shapes(self) -> list[UBatchShape]:
         n, cells, spec = self.n_parallel, self.kv_cells, self.spec
         ub = min(self.n_ubatch, self.n_ctx)
         out: list[UBatchShape] = []
         for B in range(1, min(n, ub) + 1):  # prefill chunks of n_ubatch tokens
-            out += [UBatchShape(ub // B, B, cells, s, B, spec) for s in self._slot_sets(B)]
+            out.append(UBatchShape(ub // B, B, cells, B, spec))
         if n > ub:  # a plain step of every sequence is wider than any prefill chunk
-            out.append(UBatchShape(1, n, cells, tuple(range(n)), n, False))
+            out.append(UBatchShape(1, n, cells, n, False))
         if spec:
             for B in range(1, n + 1):
                 T = padded_rows(self.spec_n_max + 1, B)
                 n_write = T if self.rollback == "snapshot" else 1
-                out += [UBatchShape(T, B, cells, s, B * T, True, n_write)
-                        for s in self._slot_sets(B)]
+                out.append(UBatchShape(T, B, cells, B * T, True, n_write))
         return list(dict.fromkeys(out))
 
     def mtp_shapes(self) -> list[MtpShape]:
@@ -111,12 +116,7 @@ class GraphOptions:
         T = min(self.n_ubatch, self.n_ctx)  # prompt warm-up chunk per sequence
         if T < MTP_NO_PAD_ROWS:
             T = padded_rows(T, n)
-        out = [MtpShape(max(T, catch_up), n, cells, tuple(range(n)), n, self.device_argmax,
-                        self.draft_vocab)]
-        for B in range(2, n):  # sequences finished: catch-up of the others
-            out.append(MtpShape(catch_up, B, cells, self._slot_sets(B)[-1], B,
-                                self.device_argmax, self.draft_vocab))
-        return out
+        return [MtpShape(max(T, catch_up), n, cells, n, self.device_argmax, self.draft_vocab)]
 
 
 class Placeholders:
@@ -224,8 +224,10 @@ class ComputePlan:
     mtp: dict[str, int] = field(default_factory=dict)
     target_peaks: list[UBatchShape] = field(default_factory=list)
     mtp_peaks: list[MtpShape] = field(default_factory=list)
+    steps: dict[str, int] = field(default_factory=dict)  # several devices: step schedulers
 
     def by_device(self) -> dict[str, int]:
+        """The reserved buffers (``steps`` apart)."""
         out = dict(self.target)
         for d, n in self.mtp.items():
             out[d] = out.get(d, 0) + n
@@ -241,6 +243,12 @@ def _peaks(sized: list[tuple[object, dict[str, int]]]) -> tuple[dict[str, int], 
                 best[dev] = (n, shape)
     peaks = list(dict.fromkeys(s for n, s in best.values() if n > 0))
     return {d: n for d, (n, _) in best.items()}, peaks
+
+
+def _add(into: dict[str, int], sizes: Mapping[str, int], times: int) -> None:
+    for dev, n in sizes.items():
+        if n:
+            into[dev] = into.get(dev, 0) + n * times
 
 
 def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mapping[int, Device],
@@ -272,6 +280,16 @@ def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mappin
             finally:
                 g.close()
         plan.target, plan.target_peaks = _peaks(sized)
+        n, rows = opts.n_parallel, opts.step_rows
+        if target_sched.multi_backend:
+            step = (UBatchShape(rows, n, opts.kv_cells, n * rows, True,
+                                rows if opts.rollback == "snapshot" else 1) if spec else
+                    UBatchShape(1, n, opts.kv_cells, n, False))
+            g = TargetGraph(hp, weights, states, states, step)
+            try:
+                _add(plan.steps, target_sched.reserve_size(g.graph), STEP_SCHEDS)
+            finally:
+                g.close()
         if spec:
             assert mtp_sched is not None and mtp_device is not None
             mkv = StateShapes(ph, opts.kv_cells)
@@ -286,6 +304,13 @@ def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mappin
                 finally:
                     g.close()
             plan.mtp, plan.mtp_peaks = _peaks(sized)
+            if mtp_sched.multi_backend:
+                g = MtpGraph(mh, w, mkv, MtpShape(rows, n, opts.kv_cells, n,
+                                                  opts.device_argmax, opts.draft_vocab))
+                try:
+                    _add(plan.steps, mtp_sched.reserve_size(g.graph), STEP_SCHEDS)
+                finally:
+                    g.close()
         return plan
     finally:
         ph.close()
@@ -311,7 +336,7 @@ def reserve_compute(plan: ComputePlan, target, mtp=None) -> None:
 
 
 def predict_compute(model, opts: GraphOptions, placement, mtp_placement=None,
-                    n_threads: int = 1) -> dict[str, int]:
+                    n_threads: int = 1) -> ComputePlan:
     """What an engine with these options will reserve, per device, without loading a byte
     of weights (``pyggspec inspect``): placeholder weights on the planned devices."""
     hp = model.trunk.hparams
@@ -331,9 +356,8 @@ def predict_compute(model, opts: GraphOptions, placement, mtp_placement=None,
             mtp_dev = weights.device_of(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
             mtp_hp = model.mtp_file.hparams if model.mtp_file is not None else None
         layer_devs = {il: get_device(placement.layer_devices[il]) for il in range(hp.n_layer)}
-        plan = size_compute(opts, hp, weights, layer_devs, scheds[0], mtp_sched, mtp_hp,
+        return size_compute(opts, hp, weights, layer_devs, scheds[0], mtp_sched, mtp_hp,
                             mtp_dev)
-        return plan.by_device()
     finally:
         for s in scheds:
             s.close()

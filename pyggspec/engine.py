@@ -196,6 +196,7 @@ class Engine:
             self.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, n_parallel, planes)
             self._closers.append(self.rs)
             self.target = Target(hp, self.weights, self.kv, self.rs, self.sched)
+            self.target.step_rows = self._step_rows
             self._step_ub: dict[int, UBatch] = {}
             self._closers.append(self.target)
             self.mtp = None
@@ -235,6 +236,7 @@ class Engine:
                             device_argmax=self._draft_argmax,
                             draft_vocab=max(0, self.spec.draft_vocab))
         layer_devs = {il: get_device(p.layer_devices[il]) for il in range(self.hp.n_layer)}
+        self._step_rows = opts.step_rows  # graphs up to this many rows keep their scheduler
         self._compute = size_compute(opts, self.hp, self.weights, layer_devs, self.sched,
                                      self.mtp_sched, mtp_hp, mtp_dev)
         return plan_memory(self.hp, self.n_vocab, dict(self.weights.bytes_by_device()),
@@ -244,7 +246,8 @@ class Engine:
                            spec_n_max=opts.spec_n_max, rollback=self.rollback,
                            mtp_device=mtp_dev.name if mtp_dev is not None else None,
                            mtp_hp=mtp_hp, mtp_type_k=self._mtp_types[0],
-                           mtp_type_v=self._mtp_types[1], compute=self._compute.by_device())
+                           mtp_type_v=self._mtp_types[1], compute=self._compute.by_device(),
+                           step_graphs=self._compute.steps)
 
     def _check_fit(self) -> None:
         """Say so before allocating when states do not fit a device; snapshots degrade to
@@ -313,6 +316,7 @@ class Engine:
                                 "--spec-draft-p-min: p_min needs the full-vocabulary softmax")
         self.mtp = Mtp(mtp_hp, w, self.mtp_kv, self.mtp_sched, device_argmax=device_argmax,
                        draft_vocab=dv)
+        self.mtp.step_rows = self._step_rows
         self._closers.append(self.mtp)
         self.drafter = MtpDrafter(self.mtp, hp.n_embd, self.spec.n_min, self.spec.p_min)
 
@@ -627,11 +631,15 @@ class Engine:
             m.add(extra, dev, n - one)
         for dev, n in self.sched.buffer_sizes().items():
             m.add("compute", dev, n)
+        for dev, n in self.sched.spawned_buffer_sizes().items():
+            m.add("step_graphs", dev, n)
         if self.mtp is not None:
             for dev, n in self.mtp_kv.bytes_by_device().items():
                 m.add("mtp_kv", dev, n)
             for dev, n in self.mtp_sched.buffer_sizes().items():
                 m.add("compute", dev, n)
+            for dev, n in self.mtp_sched.spawned_buffer_sizes().items():
+                m.add("step_graphs", dev, n)
         if self.samplers is not None and self.samplers.stats.buffer_bytes:
             m.add("sampling", self.placement.output_device, self.samplers.stats.buffer_bytes)
         return m.to_dict()

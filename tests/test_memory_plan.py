@@ -149,9 +149,15 @@ def test_prediction_and_reservation_across_devices(models, rpc_device):
         got = e.memory()["compute"]
         assert set(got) == {"CPU", dev} and all(n > 0 for n in got.values())
         assert pred["compute"] == pytest.approx(got, rel=0.05)
+        # per-step graphs keep schedulers of their own there: bounded, predicted by inspect
+        bound = e.memory_plan.to_dict()["step_graphs"]
+        assert pred["step_graphs"] == bound and set(bound) == {"CPU", dev}
+        assert "step_graphs" not in e.memory()
         e.generate_batch([list(range(300, 700)), [301, 302, 303]], max_tokens=6,
                          ignore_eos=True)
         assert e.memory()["compute"] == got
+        steps = e.memory()["step_graphs"]
+        assert all(0 < steps[d] <= bound[d] for d in steps), (steps, bound)
 
 
 def test_snapshots_that_do_not_fit_fall_back_to_checkpoints(models, monkeypatch):

@@ -64,12 +64,23 @@ class Scheduler:
             raise DeviceError(None, "ggml_backend_sched_new failed")
         self.ptr = ptr
         self.graph_size = graph_size
+        self.op_offload = op_offload
         self._allocated: Graph | None = None
+        self._children: weakref.WeakSet[Scheduler] = weakref.WeakSet()
         self._finalizer = weakref.finalize(self, lib.ggml_backend_sched_free, ptr)
 
     def close(self) -> None:
+        for child in list(self._children):
+            child.close()
         self._allocated = None
         self._finalizer()
+
+    def spawn(self) -> Scheduler:
+        """A scheduler over the same backends with buffers of its own (for a graph that
+        must stay allocated), counted in :meth:`spawned_buffer_sizes`."""
+        child = Scheduler(self.backends, self.graph_size, self.op_offload)
+        self._children.add(child)
+        return child
 
     def reserve(self, graph: Graph) -> None:
         """Grow the compute buffers to what ``graph`` needs (they never shrink): after
@@ -135,6 +146,15 @@ class Scheduler:
 
     def buffer_sizes(self) -> dict[str, int]:
         return {b.device.name: self.buffer_size(b) for b in self.backends}
+
+    def spawned_buffer_sizes(self) -> dict[str, int]:
+        """Compute buffer bytes per device of the live schedulers :meth:`spawn` made."""
+        out = dict.fromkeys((b.device.name for b in self.backends), 0)
+        for child in list(self._children):
+            if child._finalizer.alive:
+                for name, n in child.buffer_sizes().items():
+                    out[name] += n
+        return out
 
 
 class GraphCache:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pyggspec.modelfile import HParams, ggml_type
 
 COMPONENTS = ("weights", "kv", "mtp_kv", "recurrent", "snapshots", "checkpoints", "sampling",
-              "compute")
+              "compute", "step_graphs")
 
 
 @dataclass
@@ -68,11 +68,14 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
                 rollback: str | None = None, mtp_device: str | None = None,
                 mtp_hp: HParams | None = None, mtp_type_k: str = "f16",
                 mtp_type_v: str = "f16",
-                compute: dict[str, int] | None = None) -> MemoryPlan:
+                compute: dict[str, int] | None = None,
+                step_graphs: dict[str, int] | None = None) -> MemoryPlan:
     """What an engine with these options allocates (``spec_n_max`` > 0: draft-mtp).
 
     ``compute``: compute buffer bytes per device as ggml sizes the worst-case graphs
     (:func:`pyggspec.compute.size_compute`); None: a rough estimate (``compute_estimated``).
+    ``step_graphs``: with several devices, the bound on the per-step graphs' own buffers
+    (``ComputePlan.steps``; allocated when first run, never more).
     """
     plan = MemoryPlan()
     for dev, n in weights_by_device.items():
@@ -99,6 +102,8 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
         mk, mv = ggml_type(mtp_type_k), ggml_type(mtp_type_v)
         row = mk.row_bytes(mh.n_embd_k_gqa) + mv.row_bytes(mh.n_embd_v_gqa)
         plan.add("mtp_kv", mtp_device or output_device, row * cells * n_parallel)
+    for dev, n in (step_graphs or {}).items():
+        plan.add("step_graphs", dev, n)
     if compute is not None:
         for dev, n in compute.items():
             plan.add("compute", dev, n)

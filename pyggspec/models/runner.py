@@ -3,43 +3,82 @@ it, write inputs, compute, read outputs, and account host vs device time."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from pyggspec.ggml.sched import GraphCache, Scheduler
 
+STEP_SCHEDS = 6  # per runner: step shapes that keep their own scheduler at once
+
 
 class GraphRunner:
     """Base of :class:`~pyggspec.models.qwen35.Target` and :class:`~pyggspec.models.mtp.Mtp`.
 
-    Graphs are cached by shape. On several backends a cached graph is reused only while it
-    stays the scheduler's allocated graph: ggml's scheduler rewrites a split graph's inputs
-    to copies in a context it frees at the next split, so after a switch it is rebuilt.
+    Graphs are cached by shape. On one backend every cached graph stays valid. On several,
+    ggml's scheduler rewrites a split graph's inputs to copies in a context it frees when it
+    splits the next graph, so a graph is reusable only while it is its scheduler's allocated
+    graph. The graphs of the generation loop alternate every step (verify, MTP catch-up,
+    MTP one-row drafts), so each *step* shape (at most ``step_rows`` rows per sequence, set
+    by the engine from its draft length) gets a scheduler of its own, keyed by the shape
+    without its attended window: it is split and allocated once, and stays allocated while
+    the window is unchanged. At most ``STEP_SCHEDS`` live at once (least recently used
+    closed first); :func:`pyggspec.compute.size_compute` bounds their memory. Prefill-sized
+    graphs share the main scheduler, whose buffers are reserved at startup.
     """
 
     def __init__(self, sched: Scheduler, cache_size: int) -> None:
         self.sched = sched
         self.graphs = GraphCache(cache_size)
+        self._step_scheds: OrderedDict[Hashable, Scheduler] = OrderedDict()
+        self.step_rows = 1  # rows per sequence of the largest step graph (engine sets it)
+        self.n_builds = 0  # graphs built, first builds and rebuilds alike
+        self.n_rebuilds = 0  # builds of a shape built before (a cache eviction or a switch)
+        self._built: set[Hashable] = set()
         self.last_python_ms = 0.0  # host work of the last step: inputs and outputs
         self.last_build_ms = 0.0
         self.compute_ms_total = 0.0  # device time of all steps (graph compute)
         self.build_ms_total = 0.0  # graph builds and (re)allocations
 
+    def sched_for(self, shape: Hashable) -> Scheduler:
+        """The scheduler that runs ``shape``'s graph (see the class docstring)."""
+        if not self.sched.multi_backend or shape.n_seq_tokens > self.step_rows:  # type: ignore[attr-defined]
+            return self.sched
+        key = dataclasses.replace(shape, n_kv=0)  # type: ignore[type-var]
+        s = self._step_scheds.get(key)
+        if s is None:
+            s = self._step_scheds[key] = self.sched.spawn()
+            while len(self._step_scheds) > STEP_SCHEDS:
+                self._step_scheds.popitem(last=False)[1].close()
+        else:
+            self._step_scheds.move_to_end(key)
+        return s
+
     def execute(self, shape: Hashable, build: Callable[[Any], Any],
                 feed: Callable[[Any], None], read: Callable[[Any], Any]) -> Any:
         """Run the graph for ``shape``: ``feed(g)`` writes inputs, ``read(g)`` returns outputs."""
         t0 = time.perf_counter()
-        g = self.graphs.get(shape, build)
-        if self.sched.multi_backend and not self.sched.is_current(g) and g.used:
+        sched = self.sched_for(shape)
+
+        def counted(s: Hashable) -> Any:
+            self.n_builds += 1
+            if s in self._built:
+                self.n_rebuilds += 1
+            self._built.add(s)
+            return build(s)
+
+        g = self.graphs.get(shape, counted)
+        if sched.multi_backend and not sched.is_current(g.graph) and g.used:
             self.graphs.drop(shape)
-            g = self.graphs.get(shape, build)
+            g = self.graphs.get(shape, counted)
         g.used = True
-        self.sched.alloc(g.graph)
+        sched.alloc(g.graph)
         t_alloc = time.perf_counter()
         feed(g)
         t1 = time.perf_counter()
-        self.sched.compute(g.graph)
+        sched.compute(g.graph)
         t2 = time.perf_counter()
         out = read(g)
         self.last_python_ms = ((t1 - t_alloc) + (time.perf_counter() - t2)) * 1000
@@ -50,3 +89,5 @@ class GraphRunner:
 
     def close(self) -> None:
         self.graphs.clear()
+        while self._step_scheds:
+            self._step_scheds.popitem()[1].close()

@@ -1,0 +1,54 @@
+"""Weights over two devices (CPU + an RPC server on loopback): the generation loop's graphs
+are built once and then only re-run, however they alternate (issue 9.4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyggspec.engine import Engine
+from pyggspec.speculative.loop import SpecConfig
+from pyggspec.testing import cached_model, tiny_dense, tiny_moe
+
+PROMPTS = [[300, 301, 302], [400, 401]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("multi_device_models")
+
+
+def _model(model_dir, arch: str):
+    make = tiny_dense if arch == "dense" else tiny_moe
+    return cached_model(make(dtype="f32", agreement=0.8, tied_embeddings=False), model_dir)
+
+
+def _rebuilds(e: Engine) -> int:
+    return e.target.n_rebuilds + (e.mtp.n_rebuilds if e.mtp is not None else 0)
+
+
+def _run(path, prompts, n_max: int, rollback: str, **kw):
+    """Tokens per prompt, rebuilds (a shape built again), verify steps."""
+    with Engine(path, n_ctx=512, n_parallel=len(prompts), n_threads=2, load_tokenizer=False,
+                spec_type="draft-mtp", spec=SpecConfig(n_max=n_max, rollback=rollback),
+                **kw) as e:
+        res = e.generate_batch(prompts, max_tokens=240, ignore_eos=True)
+        return [r.tokens for r in res], _rebuilds(e), e.stats.n_steps
+
+
+@pytest.mark.parametrize("arch,n_seq,rollback", [("dense", 1, "snapshot"),
+                                                 ("moe", 2, "snapshot"),
+                                                 ("dense", 1, "checkpoint")])
+def test_no_graph_builds_after_warm_up_with_rpc_offload(model_dir, rpc_device, arch, n_seq,
+                                                       rollback):
+    """Layers, the MTP head and the LM head on the RPC device: over 64+ speculative steps
+    (verify, MTP catch-up of 1..n_max+1 rows and one-row drafts alternating) no graph is
+    built twice -- each shape once, when first seen -- and the output equals the CPU-only
+    run."""
+    path = _model(model_dir, arch)
+    prompts = PROMPTS[:n_seq]
+    ref, _, _ = _run(path, prompts, 2, rollback)
+    out, rebuilds, n_steps = _run(path, prompts, 2, rollback, n_gpu_layers=3,
+                                device=rpc_device.name)
+    assert out == ref
+    assert n_steps >= 64
+    assert rebuilds == 0
