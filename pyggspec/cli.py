@@ -614,3 +614,4 @@ def devices(as_json: bool) -> None:
 
 # ---------------------------------------------------------------------------- run
 from pyggspec import cli_run as _cli_run  # noqa: F401  (registers `run` on `main`)
+from pyggspec.serving import http_cli as _http_cli  # noqa: F401  (registers `serve`)

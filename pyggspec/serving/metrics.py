@@ -1,0 +1,224 @@
+"""``GET /metrics``: counters kept by the HTTP front end, rendered in Prometheus text format.
+
+The front end sees every finished request's result (tokens, timings, the request's own
+speculation stats), so request, token, throughput and acceptance counters are accumulated
+here, per request, without reaching into the scheduler's thread. Gauges that describe the
+scheduler now (queue depth, busy slots) and memory by component are passed in at render
+time. Names follow llama-server's ``llamacpp:`` metrics where one exists (with a
+``pyggspec:`` prefix), so dashboards built for llama-server need only the prefix changed.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "pyggspec:"
+
+
+@dataclass
+class Metric:
+    """One metric family: name (without prefix), type, help, samples (labels, value)."""
+
+    name: str
+    type: str  # counter | gauge | histogram
+    help: str
+    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+
+    def add(self, value: float, suffix: str = "", **labels: str) -> Metric:
+        self.samples.append(({"__suffix__": suffix, **labels}, value))
+        return self
+
+
+def _fmt_value(v: float) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render(metrics: Iterable[Metric]) -> str:
+    """Prometheus text exposition format (version 0.0.4)."""
+    lines: list[str] = []
+    for m in metrics:
+        name = PREFIX + m.name
+        lines.append(f"# HELP {name} {m.help}")
+        lines.append(f"# TYPE {name} {m.type}")
+        for labels, value in m.samples:
+            labels = dict(labels)
+            suffix = labels.pop("__suffix__", "")
+            lab = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
+            lines.append(f"{name}{suffix}{{{lab}}} {_fmt_value(value)}" if lab
+                         else f"{name}{suffix} {_fmt_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+class ServeMetrics:
+    """Totals over the server's life, updated once per finished request (thread-safe)."""
+
+    def __init__(self, n_max: int = 0) -> None:
+        self._lock = threading.Lock()
+        self.n_max = n_max
+        self.requests: dict[tuple[str, int], int] = {}  # (endpoint, status) -> count
+        self.finished: dict[str, int] = {}  # stop reason -> count
+        self.prompt_tokens = 0  # evaluated (not cached)
+        self.cached_tokens = 0
+        self.prompt_seconds = 0.0
+        self.predicted_tokens = 0
+        self.predicted_seconds = 0.0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.verify_steps = 0
+        self.drafted_at: list[int] = []  # per draft position
+        self.accepted_at: list[int] = []
+        self.draft_len_steps: list[int] = []  # verify steps that drafted exactly k tokens
+        self.ttft_seconds: list[float] = []  # kept as a histogram below
+
+    # --- updates -------------------------------------------------------------------------
+    def count_request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            key = (endpoint, status)
+            self.requests[key] = self.requests.get(key, 0) + 1
+
+    def record_result(self, result: Any) -> None:
+        """Add one finished request (a ``serving.request.Result``)."""
+        t = result.timings
+        with self._lock:
+            self.finished[result.stop_reason] = self.finished.get(result.stop_reason, 0) + 1
+            self.prompt_tokens += t.prompt_n
+            self.cached_tokens += t.cache_n
+            self.prompt_seconds += t.prompt_ms / 1000
+            self.predicted_tokens += t.predicted_n
+            self.predicted_seconds += t.predicted_ms / 1000
+            spec = result.spec
+            if spec is None:
+                return
+            self.draft_tokens += spec.n_drafted
+            self.accepted_tokens += spec.n_accepted
+            self.verify_steps += spec.n_steps
+            _grow(self.drafted_at, len(spec.drafted_at))
+            _grow(self.accepted_at, len(spec.accepted_at))
+            for i, (d, a) in enumerate(zip(spec.drafted_at, spec.accepted_at)):
+                self.drafted_at[i] += d
+                self.accepted_at[i] += a
+            # drafted_at[k] = steps with more than k drafts, so exactly k = [k-1] - [k]
+            more = list(spec.drafted_at) + [0]
+            _grow(self.draft_len_steps, len(more))
+            self.draft_len_steps[0] += spec.n_steps - (more[0] if spec.drafted_at else 0)
+            for k in range(1, len(more)):
+                self.draft_len_steps[k] += more[k - 1] - more[k]
+
+    def record_ttft(self, seconds: float) -> None:
+        with self._lock:
+            self.ttft_seconds.append(seconds)
+            if len(self.ttft_seconds) > 100_000:  # bounded: keep the recent half
+                del self.ttft_seconds[:50_000]
+
+    # --- rendering -------------------------------------------------------------------------
+    def families(self, *, busy_slots: int, n_slots: int, queued: int,
+                 memory: Mapping[str, Mapping[str, int]] | None = None,
+                 extra: Iterable[Metric] = ()) -> list[Metric]:
+        with self._lock:
+            req = Metric("requests_total", "counter", "HTTP requests by endpoint and status.")
+            for (ep, st), n in sorted(self.requests.items()):
+                req.add(n, endpoint=ep, status=str(st))
+            fin = Metric("requests_finished_total", "counter",
+                         "Generations finished, by stop reason (eos, stop, length, context, "
+                         "cancelled).")
+            for reason, n in sorted(self.finished.items()):
+                fin.add(n, reason=reason)
+            out = [
+                req, fin,
+                Metric("prompt_tokens_total", "counter",
+                       "Prompt tokens evaluated (not counting reused ones).").add(
+                    self.prompt_tokens),
+                Metric("prompt_tokens_cached_total", "counter",
+                       "Prompt tokens reused from a slot's cache.").add(self.cached_tokens),
+                Metric("prompt_seconds_total", "counter", "Prompt evaluation time.").add(
+                    self.prompt_seconds),
+                Metric("prompt_tokens_seconds", "gauge",
+                       "Average prompt throughput in tokens/s.").add(
+                    _rate(self.prompt_tokens, self.prompt_seconds)),
+                Metric("tokens_predicted_total", "counter", "Generated tokens.").add(
+                    self.predicted_tokens),
+                Metric("tokens_predicted_seconds_total", "counter",
+                       "Generation time, summed over requests.").add(self.predicted_seconds),
+                Metric("predicted_tokens_seconds", "gauge",
+                       "Average generation throughput per request in tokens/s.").add(
+                    _rate(self.predicted_tokens, self.predicted_seconds)),
+                Metric("requests_processing", "gauge", "Slots generating now.").add(busy_slots),
+                Metric("requests_deferred", "gauge", "Requests waiting for a slot.").add(queued),
+                Metric("slots_total", "gauge", "Sequence slots (-np).").add(n_slots),
+                Metric("spec_decode_num_draft_tokens_total", "counter",
+                       "Draft tokens proposed by the MTP head.").add(self.draft_tokens),
+                Metric("spec_decode_num_accepted_tokens_total", "counter",
+                       "Draft tokens accepted by the target.").add(self.accepted_tokens),
+                Metric("spec_decode_num_drafts_total", "counter",
+                       "Speculative verification steps.").add(self.verify_steps),
+                Metric("spec_decode_acceptance_rate", "gauge",
+                       "Accepted / drafted tokens over the server's life.").add(
+                    self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0),
+            ]
+            pos = Metric("spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                         "Accepted draft tokens per draft position.")
+            rate = Metric("spec_decode_acceptance_rate_per_pos", "gauge",
+                          "Acceptance rate per draft position.")
+            for i, (d, a) in enumerate(zip(self.drafted_at, self.accepted_at)):
+                pos.add(a, position=str(i))
+                rate.add(a / d if d else 0.0, position=str(i))
+            out += [pos, rate]
+            hist = Metric("spec_decode_draft_length", "histogram",
+                          "Draft tokens per verification step.")
+            cum = 0
+            for k, n in enumerate(self.draft_len_steps):
+                cum += n
+                hist.add(cum, "_bucket", le=str(k))
+            hist.add(cum, "_bucket", le="+Inf")
+            hist.add(sum(k * n for k, n in enumerate(self.draft_len_steps)), "_sum")
+            hist.add(cum, "_count")
+            out.append(hist)
+            out.append(_histogram("time_to_first_token_seconds",
+                                  "Time from request arrival to its first token.",
+                                  self.ttft_seconds,
+                                  (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)))
+        if memory:
+            mem = Metric("memory_bytes", "gauge", "Memory by component and device.")
+            for comp, by_dev in memory.items():
+                if not isinstance(by_dev, Mapping):
+                    continue
+                for dev, n in by_dev.items():
+                    mem.add(int(n), component=comp, device=dev)
+            out.append(mem)
+        out.extend(extra)
+        return out
+
+
+def _grow(xs: list[int], n: int) -> None:
+    while len(xs) < n:
+        xs.append(0)
+
+
+def _rate(n: float, s: float) -> float:
+    return n / s if s > 0 else 0.0
+
+
+def _histogram(name: str, help: str, values: list[float], buckets: tuple[float, ...]) -> Metric:
+    h = Metric(name, "histogram", help)
+    for b in buckets:
+        h.add(sum(1 for v in values if v <= b), "_bucket", le=repr(float(b)))
+    h.add(len(values), "_bucket", le="+Inf")
+    h.add(float(sum(values)), "_sum")
+    h.add(len(values), "_count")
+    return h

@@ -1,0 +1,125 @@
+"""Response bodies: OpenAI chat/completions (whole and streamed) and llama-server's
+``/completion``, built from a finished ``serving.request.Result`` or one ``Event``.
+
+Plain functions returning dicts, so the shapes can be read (and tested) in one place. Fields
+follow llama-server: ``timings`` (with ``draft_n`` / ``draft_n_accepted`` when the request
+speculated) next to OpenAI's ``usage`` in every final response and final stream chunk.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+          "cancelled": "stop"}
+STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit",
+             "cancelled": "none"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(result: Any) -> dict[str, Any]:
+    n_prompt = len(result.prompt_tokens)
+    n_gen = len(result.tokens)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
+            "total_tokens": n_prompt + n_gen,
+            "prompt_tokens_details": {"cached_tokens": result.timings.cache_n}}
+
+
+def timings(result: Any) -> dict[str, Any]:
+    return result.timings.to_dict()
+
+
+# ---------------------------------------------------------------------------- chat
+def chat_response(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": "pyggspec",
+        "choices": [{"index": 0, "finish_reason": FINISH[result.stop_reason], "logprobs": None,
+                     "message": {"role": "assistant", "content": result.text}}],
+        "usage": usage(result), "timings": timings(result),
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
+               finish_reason: str | None = None) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": "pyggspec",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                         "logprobs": None}]}
+
+
+def chat_final_chunk(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
+    c = chat_chunk(rid, created, model, {}, FINISH[result.stop_reason])
+    c["timings"] = timings(result)
+    return c
+
+
+def usage_chunk(rid: str, created: int, model: str, result: Any, obj: str) -> dict[str, Any]:
+    """``stream_options.include_usage``: one last chunk with no choices and the usage."""
+    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": usage(result), "timings": timings(result)}
+
+
+# ---------------------------------------------------------------------------- completions
+def completion_response(rid: str, created: int, model: str, result: Any,
+                        prefix: str = "") -> dict[str, Any]:
+    return {
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "system_fingerprint": "pyggspec",
+        "choices": [{"index": 0, "text": prefix + result.text, "logprobs": None,
+                     "finish_reason": FINISH[result.stop_reason]}],
+        "usage": usage(result), "timings": timings(result),
+    }
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str,
+                     finish_reason: str | None = None) -> dict[str, Any]:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "system_fingerprint": "pyggspec",
+            "choices": [{"index": 0, "text": text, "logprobs": None,
+                         "finish_reason": finish_reason}]}
+
+
+def completion_final_chunk(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
+    c = completion_chunk(rid, created, model, "", FINISH[result.stop_reason])
+    c["timings"] = timings(result)
+    return c
+
+
+# ---------------------------------------------------------------------------- llama-server
+def llama_completion(model: str, result: Any, settings: dict[str, Any], prompt: Any,
+                     return_tokens: bool, n_ctx: int) -> dict[str, Any]:
+    """llama-server's ``/completion`` result (the final stream chunk has the same fields,
+    with ``content`` empty)."""
+    n_prompt = len(result.prompt_tokens)
+    return {
+        "index": 0, "content": result.text,
+        "tokens": list(result.tokens) if return_tokens else [],
+        "id_slot": result.slot, "stop": True, "model": model,
+        "tokens_predicted": len(result.tokens), "tokens_evaluated": n_prompt,
+        "generation_settings": settings, "prompt": prompt,
+        "has_new_line": "\n" in result.text,
+        "truncated": result.stop_reason == "context" or n_prompt + len(result.tokens) > n_ctx,
+        "stop_type": STOP_TYPE[result.stop_reason],
+        "stopping_word": result.stop_word or "",
+        "tokens_cached": result.timings.cache_n + result.timings.prompt_n + len(result.tokens),
+        "timings": timings(result),
+    }
+
+
+def llama_chunk(text: str, tokens: list[int], slot: int) -> dict[str, Any]:
+    return {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": slot}
+
+
+def model_card(model_id: str, created: int, meta: dict[str, Any]) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "pyggspec",
+            "meta": meta}

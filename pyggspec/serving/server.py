@@ -1,0 +1,635 @@
+"""``pyggspec serve``: the HTTP front end (OpenAI + llama-server shapes) over the scheduler.
+
+One FastAPI app per model. Handlers parse and validate the request (HTTP 400 with an
+OpenAI-style error body for anything wrong, never a 500), tokenize it, and submit it to the
+engine's :class:`~pyggspec.serving.scheduler.Scheduler`, whose single background thread is
+the only one touching ggml (mlx-lm's server pattern). Tokens come back as events through the
+request's handle without blocking the event loop; a client that disconnects cancels its
+request, which frees its slot at the next step.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
+(OpenAI, streamed as SSE ``data: {...}`` chunks ending with ``data: [DONE]``); llama-server's
+``POST /completion``, ``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /health``,
+``/slots``, ``/props``, ``/metrics`` (Prometheus). ``--api-key`` guards every endpoint but
+``/health`` (``Authorization: Bearer KEY`` or ``X-Api-Key``). Any model name is accepted (one
+model per server, as llama-server does without a router).
+
+``create_app(engine_or_scheduler, ...)`` builds the app (tests run it in-process);
+:func:`serve` runs it under uvicorn, which on SIGTERM/SIGINT stops accepting connections,
+lets in-flight requests finish (streams included), then stops the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pyggspec.sampling import SamplingParams
+from pyggspec.serving import openai_api as oa
+from pyggspec.serving.chat import ChatTemplate, parse_template_kwargs
+from pyggspec.serving.metrics import Metric, ServeMetrics, render
+from pyggspec.serving.protocol import (
+    ApiError,
+    GenParams,
+    context_error,
+    get_bool,
+    invalid,
+    parse_body,
+    parse_gen,
+    parse_messages,
+    parse_prompt,
+    parse_token_list,
+)
+from pyggspec.serving.request import (
+    QueueFull,
+    RequestError,
+    RequestFailed,
+    RequestHandle,
+    Result,
+    SchedulerClosed,
+)
+from pyggspec.serving.request import Request as GenRequest
+
+log = logging.getLogger("pyggspec.serve")
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
+
+
+@dataclass
+class ServerConfig:
+    """What the server adds to the engine: names, defaults, access."""
+
+    model_id: str  # what /v1/models reports and responses echo when a request names none
+    model_path: str = ""
+    api_key: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int | None = None  # default output limit (-n); None: until EOG/context
+    synthetic: bool = False  # the built-in demo model
+    jinja: bool = True
+    chat_template: str | None = None  # override of the file's template
+
+
+class ServerState:
+    """Everything the handlers share: scheduler, engine, tokenizer, template, counters."""
+
+    def __init__(self, scheduler: Any, config: ServerConfig) -> None:
+        self.scheduler = scheduler
+        self.engine = scheduler.engine
+        self.config = config
+        self.tokenizer = self.engine.tokenizer
+        if self.tokenizer is None:
+            raise ValueError("the engine has no tokenizer (load_tokenizer=False); the server "
+                             "needs one")
+        self.n_ctx: int = int(self.engine.n_ctx)
+        self.n_vocab: int = int(self.engine.n_vocab)
+        self.template = ChatTemplate(self.tokenizer, config.chat_template, config.jinja)
+        spec = getattr(self.engine, "spec", None)
+        self.speculative = bool(getattr(self.engine, "spec_type", None))
+        self.n_max = int(spec.n_max) if spec is not None and self.speculative else 0
+        self.metrics = ServeMetrics(self.n_max)
+        self.created = oa.now()
+        self.started = False
+
+    # --- helpers used by handlers ---------------------------------------------------------
+    def tokenize_prompt(self, parts: list[Any]) -> list[int]:
+        """llama-server's rule: text is tokenized with special tokens parsed; BOS (where
+        the vocabulary adds one) only when the prompt starts with text."""
+        ids: list[int] = []
+        for i, p in enumerate(parts):
+            if isinstance(p, str):
+                ids.extend(self.tokenizer.tokenize(p, add_special=(i == 0),
+                                                   parse_special=True))
+            else:
+                ids.append(int(p))
+        return ids
+
+    def check_context(self, ids: list[int], gen: GenParams) -> None:
+        """The engine's emit rule: the prompt fits and leaves room for one token when any
+        is asked for (llama-server's exceed_context_size_error otherwise)."""
+        if not ids:
+            raise invalid("the prompt is empty (no tokens)", "prompt")
+        want = gen.max_tokens is None or gen.max_tokens > 0
+        if len(ids) > self.n_ctx or (want and len(ids) >= self.n_ctx):
+            raise context_error(len(ids), self.n_ctx, room=len(ids) <= self.n_ctx)
+
+    def model_name(self, body: Mapping[str, Any]) -> str:
+        m = body.get("model")
+        if m is not None and not isinstance(m, str):
+            raise invalid("'model' must be a string", "model")
+        return m or self.config.model_id
+
+    def settings(self, gen: GenParams) -> dict[str, Any]:
+        """llama-server's ``generation_settings`` (the values this request runs with)."""
+        s = gen.sampling
+        return {"n_ctx": self.n_ctx, "model": self.config.model_id,
+                "speculative": self.speculative if gen.speculative is None
+                else gen.speculative and self.speculative,
+                "n_predict": -1 if gen.max_tokens is None else gen.max_tokens,
+                "temperature": s.temp, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+                "typical_p": s.typical_p, "repeat_penalty": s.repeat_penalty,
+                "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
+                "frequency_penalty": s.frequency_penalty, "seed": s.seed,
+                "samplers": list(s.samplers), "stop": list(gen.stop),
+                "ignore_eos": gen.ignore_eos, "stream": gen.stream,
+                "logit_bias": [list(b) for b in s.logit_bias],
+                "speculative.n_max": self.n_max}
+
+    async def submit(self, ids: list[int], gen: GenParams, rid: str,
+                     cache_prompt: bool = True) -> RequestHandle:
+        """Queue the request (off the event loop: submit may wait for the scheduler's lock
+        while a step runs); scheduler refusals become HTTP errors."""
+        req = GenRequest(prompt=ids, max_tokens=gen.max_tokens, sampling=gen.sampling,
+                         stop=gen.stop, ignore_eos=gen.ignore_eos, speculative=gen.speculative,
+                         cache_prompt=cache_prompt, id=rid)
+        try:
+            return await asyncio.to_thread(self.scheduler.submit, req)
+        except RequestError as e:
+            raise invalid(e.message) from None
+        except QueueFull as e:
+            raise ApiError(503, f"server busy: {e.message}; retry later") from None
+        except SchedulerClosed as e:
+            raise ApiError(503, f"server is shutting down: {e.message}") from None
+
+    def finished(self, result: Result, t_start: float, t_first: float | None) -> None:
+        self.metrics.record_result(result)
+        if t_first is not None:
+            self.metrics.record_ttft(t_first - t_start)
+        t = result.timings
+        spec = ""
+        if result.spec is not None and result.spec.n_drafted:
+            spec = (f", draft acceptance {result.spec.acceptance:.3f} "
+                    f"({result.spec.n_accepted}/{result.spec.n_drafted})")
+        log.info("%s: slot %d, prompt %d (+%d cached) tokens %.1f ms, %d tokens %.1f ms "
+                 "(%.2f t/s), %s%s", result.id, result.slot, t.prompt_n, t.cache_n,
+                 t.prompt_ms, t.predicted_n, t.predicted_ms,
+                 t.predicted_n / (t.predicted_ms / 1000) if t.predicted_ms > 0 else 0.0,
+                 result.stop_reason, spec)
+
+
+# ---------------------------------------------------------------------------- running a request
+async def _wait_disconnect(request: Request) -> None:
+    """Returns when the client has gone (the body is read already, so the next ASGI
+    message is the disconnect)."""
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
+
+
+async def _run_to_end(state: ServerState, request: Request, handle: RequestHandle,
+                      t_start: float) -> Result:
+    """Wait for the whole result; a client that goes away cancels its request."""
+    t_first: list[float] = []
+
+    async def consume() -> Result:
+        async for ev in handle:
+            if ev.tokens and not t_first:
+                t_first.append(time.perf_counter())
+        return handle.result()
+
+    work = asyncio.ensure_future(consume())
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not work.done():
+            handle.cancel()  # disconnected (or this handler was cancelled)
+        gone.cancel()
+    if not work.done():
+        work.cancel()
+        raise ApiError(499, "client disconnected")
+    try:
+        result = work.result()
+    except RequestFailed as e:
+        raise ApiError(500, f"generation failed: {e.message}") from None
+    state.finished(result, t_start, t_first[0] if t_first else None)
+    return result
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+class _CancellingStream(StreamingResponse):
+    """A streaming response that cancels its request however the stream ends (done,
+    client gone, server error): a disconnected client frees its slot."""
+
+    def __init__(self, content: AsyncIterator[bytes], handle: RequestHandle) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.handle = handle
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.handle.done:
+                self.handle.cancel()
+
+
+def _stream(state: ServerState, handle: RequestHandle, t_start: float,
+            chunk: Callable[[Any], list[Any]], final: Callable[[Result], list[Any]],
+            done_marker: bool) -> StreamingResponse:
+    """SSE: ``chunk(event)`` bodies per event, ``final(result)`` bodies at the end, then
+    ``data: [DONE]`` (OpenAI endpoints). A failure mid-stream is sent as an error event."""
+
+    async def body() -> AsyncIterator[bytes]:
+        t_first = None
+        try:
+            async for ev in handle:
+                if ev.tokens and t_first is None:
+                    t_first = time.perf_counter()
+                for c in chunk(ev):
+                    yield _sse(c)
+            result = handle.result()
+        except RequestFailed as e:
+            yield _sse(ApiError(500, f"generation failed: {e.message}").body())
+            return
+        state.finished(result, t_start, t_first)
+        for c in final(result):
+            yield _sse(c)
+        if done_marker:
+            yield b"data: [DONE]\n\n"
+
+    return _CancellingStream(body(), handle)
+
+
+# ---------------------------------------------------------------------------- the app
+def create_app(target: Any, config: ServerConfig | None = None, *, max_queue: int | None = None,
+               manage_scheduler: bool = True) -> FastAPI:
+    """The ASGI app over an :class:`~pyggspec.engine.Engine` or its
+    :class:`~pyggspec.serving.scheduler.Scheduler`.
+
+    ``manage_scheduler``: start the scheduler's thread when the app starts and stop it
+    (draining) when the app shuts down. ``max_queue`` sets the scheduler's waiting-queue
+    limit (``--max-queue``; more requests get HTTP 503).
+    """
+    scheduler = _scheduler_of(target)
+    if max_queue is not None:
+        scheduler.max_queue = max_queue
+    if config is None:
+        path = str(getattr(getattr(scheduler.engine, "model", None), "trunk", None) and
+                   scheduler.engine.model.trunk.path or "model")
+        config = ServerConfig(model_id=Path(path).name, model_path=path,
+                              sampling=scheduler.engine.sampling)
+    state = ServerState(scheduler, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_scheduler:
+            scheduler.start()
+        state.started = True
+        try:
+            yield
+        finally:
+            state.started = False
+            if manage_scheduler:
+                # uvicorn has let in-flight requests finish; anything still queued drains
+                await asyncio.to_thread(scheduler.stop, True)
+
+    app = FastAPI(title="pyggspec", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.pyggspec = state
+    _install_errors(app, state)
+    _install_auth(app, state)
+    _routes(app, state)
+    return app
+
+
+def _scheduler_of(target: Any) -> Any:
+    if hasattr(target, "submit") and hasattr(target, "engine"):
+        return target
+    sched = getattr(target, "scheduler", None)
+    if sched is not None:
+        return sched
+    from pyggspec.serving.scheduler import Scheduler
+
+    return Scheduler(target)
+
+
+def _error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status if e.status != 499 else 400)
+
+
+def _install_errors(app: FastAPI, state: ServerState) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        if e.status >= 500:
+            log.warning("%s %s: %s", request.method, request.url.path, e.message)
+        return _error_response(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        msg = ("no such endpoint: " + request.url.path if e.status_code == 404
+               else f"{request.method} is not allowed on {request.url.path}"
+               if e.status_code == 405 else str(e.detail))
+        return _error_response(ApiError(e.status_code, msg))
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, e: Exception) -> JSONResponse:
+        # a bug in pyggspec: one line in the log and an error body, never a traceback page
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return _error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
+
+
+def _install_auth(app: FastAPI, state: ServerState) -> None:
+    key = state.config.api_key
+    if not key:
+        return
+
+    @app.middleware("http")
+    async def check_key(request: Request, call_next: Callable) -> Response:
+        if request.url.path not in PUBLIC_PATHS:
+            given = request.headers.get("authorization") or request.headers.get("x-api-key")
+            given = (given or "").removeprefix("Bearer ").strip()
+            if given != key:
+                return _error_response(ApiError(401, "Invalid API Key"))
+        return await call_next(request)
+
+
+def _routes(app: FastAPI, state: ServerState) -> None:
+    cfg = state.config
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        return parse_body(await request.body())
+
+    def count(endpoint: str, status: int) -> None:
+        state.metrics.count_request(endpoint, status)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next: Callable) -> Response:
+        resp = await call_next(request)
+        count(request.url.path, resp.status_code)
+        return resp
+
+    # --- health, models, props, slots, metrics --------------------------------------------
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health() -> JSONResponse:
+        if not state.started or not state.scheduler.running:
+            raise ApiError(503, "Loading model" if not state.started else "scheduler stopped")
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models() -> JSONResponse:
+        hp = state.engine.hp
+        meta = {"n_vocab": state.n_vocab, "n_ctx_train": int(hp.n_ctx_train or 0),
+                "n_ctx": state.n_ctx, "n_embd": int(hp.n_embd),
+                "n_parallel": int(state.engine.n_parallel), "synthetic": cfg.synthetic,
+                "speculative": "draft-mtp" if state.speculative else None,
+                "spec_draft_n_max": state.n_max}
+        if cfg.synthetic:
+            meta["note"] = ("built-in SYNTHETIC demo model: random weights, constructed MTP "
+                            "agreement; its text is meaningless")
+        card = oa.model_card(cfg.model_id, state.created, meta)
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.get("/props")
+    async def props() -> JSONResponse:
+        from pyggspec import __version__
+
+        gen = GenParams(sampling=cfg.sampling, max_tokens=cfg.n_predict)
+        return JSONResponse({
+            "default_generation_settings": {"n_ctx": state.n_ctx,
+                                            "speculative": state.speculative,
+                                            "params": state.settings(gen)},
+            "total_slots": int(state.engine.n_parallel), "model_path": cfg.model_path,
+            "model_alias": cfg.model_id, "synthetic": cfg.synthetic,
+            "chat_template": state.template.source, "chat_template_renderer":
+            state.template.name, "modalities": {"vision": False, "audio": False},
+            "build_info": f"pyggspec {__version__}"})
+
+    @app.get("/slots")
+    async def slots(request: Request) -> JSONResponse:
+        info = await asyncio.to_thread(state.scheduler.slots)
+        if request.query_params.get("fail_on_no_slot") in ("1", "true") and all(
+                s.get("state") != "idle" for s in info):
+            raise ApiError(503, "no slot available")
+        return JSONResponse(info)
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        text = await asyncio.to_thread(_metrics_text, state)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    # --- tokens ------------------------------------------------------------------------------
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await body_of(request)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise invalid("'content' (a string) is required", "content")
+        ids = state.tokenizer.tokenize(content, add_special=get_bool(body, "add_special", False),
+                                       parse_special=get_bool(body, "parse_special", True))
+        if not get_bool(body, "with_pieces", False):
+            return JSONResponse({"tokens": ids})
+        out = []
+        for t in ids:
+            raw = state.tokenizer.token_to_piece(t)
+            try:
+                piece: Any = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                piece = list(raw)
+            out.append({"id": t, "piece": piece})
+        return JSONResponse({"tokens": out})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        body = await body_of(request)
+        ids = parse_token_list(body, "tokens", state.n_vocab)
+        return JSONResponse({"content": state.tokenizer.detokenize(ids)})
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> JSONResponse:
+        body = await body_of(request)
+        text = state.template.render(parse_messages(body), True, parse_template_kwargs(body))
+        return JSONResponse({"prompt": text})
+
+    # --- generation ---------------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        t_start = time.perf_counter()
+        body = await body_of(request)
+        model = state.model_name(body)
+        messages = parse_messages(body)
+        kwargs = parse_template_kwargs(body)
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
+        text = state.template.render(messages, True, kwargs)
+        ids = state.tokenize_prompt([text])
+        state.check_context(ids, gen)
+        rid, created = oa.new_id("chatcmpl"), oa.now()
+        handle = await state.submit(ids, gen, rid, get_bool(body, "cache_prompt", True))
+        if not gen.stream:
+            result = await _run_to_end(state, request, handle, t_start)
+            return JSONResponse(oa.chat_response(rid, created, model, result))
+
+        first = [True]
+
+        def chunk(ev: Any) -> list[Any]:
+            out = []
+            if first[0]:
+                first[0] = False
+                out.append(oa.chat_chunk(rid, created, model,
+                                         {"role": "assistant", "content": None}))
+            if ev.text:
+                out.append(oa.chat_chunk(rid, created, model, {"content": ev.text}))
+            return out
+
+        def final(result: Result) -> list[Any]:
+            out = chunk(_NO_EVENT) if first[0] else []
+            out.append(oa.chat_final_chunk(rid, created, model, result))
+            if gen.include_usage:
+                out.append(oa.usage_chunk(rid, created, model, result,
+                                          "chat.completion.chunk"))
+            return out
+
+        return _stream(state, handle, t_start, chunk, final, done_marker=True)
+
+    @app.post("/v1/completions")
+    @app.post("/completions")
+    async def completions(request: Request) -> Response:
+        t_start = time.perf_counter()
+        body = await body_of(request)
+        model = state.model_name(body)
+        parts = parse_prompt(body, state.n_vocab)
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
+        if body.get("suffix") is not None:
+            raise ApiError(400, "'suffix' (infill) is not supported by pyggspec serve",
+                           param="suffix", type="not_supported_error")
+        ids = state.tokenize_prompt(parts)
+        state.check_context(ids, gen)
+        prefix = state.tokenizer.detokenize(ids) if gen.echo else ""
+        rid, created = oa.new_id("cmpl"), oa.now()
+        handle = await state.submit(ids, gen, rid, get_bool(body, "cache_prompt", True))
+        if not gen.stream:
+            result = await _run_to_end(state, request, handle, t_start)
+            return JSONResponse(oa.completion_response(rid, created, model, result, prefix))
+
+        echoed = [not prefix]
+
+        def chunk(ev: Any) -> list[Any]:
+            text = ev.text
+            if not echoed[0]:
+                echoed[0] = True
+                text = prefix + text
+            return [oa.completion_chunk(rid, created, model, text)] if text else []
+
+        def final(result: Result) -> list[Any]:
+            out = chunk(_NO_EVENT) if not echoed[0] else []
+            out.append(oa.completion_final_chunk(rid, created, model, result))
+            if gen.include_usage:
+                out.append(oa.usage_chunk(rid, created, model, result, "text_completion"))
+            return out
+
+        return _stream(state, handle, t_start, chunk, final, done_marker=True)
+
+    @app.post("/completion")
+    async def completion(request: Request) -> Response:
+        t_start = time.perf_counter()
+        body = await body_of(request)
+        model = state.model_name(body)
+        parts = parse_prompt(body, state.n_vocab)
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
+        ids = state.tokenize_prompt(parts)
+        state.check_context(ids, gen)
+        settings = state.settings(gen)
+        prompt_echo = body.get("prompt")
+        handle = await state.submit(ids, gen, oa.new_id("cmpl"),
+                                    get_bool(body, "cache_prompt", True))
+        if not gen.stream:
+            result = await _run_to_end(state, request, handle, t_start)
+            return JSONResponse(oa.llama_completion(model, result, settings, prompt_echo,
+                                                    gen.return_tokens, state.n_ctx))
+
+        def chunk(ev: Any) -> list[Any]:
+            return [oa.llama_chunk(ev.text, list(ev.tokens), -1)]
+
+        def final(result: Result) -> list[Any]:
+            last = oa.llama_completion(model, result, settings, prompt_echo, gen.return_tokens,
+                                       state.n_ctx)
+            last["content"] = ""
+            last["tokens"] = []
+            return [last]
+
+        return _stream(state, handle, t_start, chunk, final, done_marker=False)
+
+    @app.get("/completion")
+    @app.get("/v1/chat/completions")
+    @app.get("/v1/completions")
+    async def wrong_method(request: Request) -> Response:
+        raise ApiError(405, f"use POST for {request.url.path}")
+
+
+
+class _NoEvent:
+    tokens: tuple[int, ...] = ()
+    text = ""
+
+
+_NO_EVENT = _NoEvent()
+
+
+def _metrics_text(state: ServerState) -> str:
+    sched = state.scheduler
+    m: Mapping[str, Any] = {}
+    try:
+        m = sched.metrics()
+    except NotImplementedError:
+        m = {}
+    slots = sched.slots()
+    busy = int(m.get("busy_slots", sum(1 for s in slots if s.get("state") != "idle")))
+    extra: list[Metric] = []
+    if "tokens_per_second" in m:
+        extra.append(Metric("tokens_per_second", "gauge",
+                            "Generation throughput of the whole server, recent.").add(
+            float(m["tokens_per_second"])))
+    return render(state.metrics.families(busy_slots=busy, n_slots=len(slots),
+                                         queued=int(m.get("queue_depth", 0)),
+                                         memory=sched.memory(), extra=extra))
+
+
+# ---------------------------------------------------------------------------- running
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8080,
+          log_level: str = "info", on_listen: Callable[[str], None] | None = None) -> None:
+    """Run ``app`` under uvicorn until SIGINT/SIGTERM; in-flight requests finish first."""
+    import uvicorn
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=None)
+    server = uvicorn.Server(config)
+    if on_listen is not None:
+        original = server.startup
+
+        async def startup(sockets: Any = None) -> None:
+            await original(sockets=sockets)
+            if server.started:
+                on_listen(url_of(host, server))
+
+        server.startup = startup  # type: ignore[method-assign]
+    server.run()
+    if not server.started:
+        raise OSError(f"could not listen on {host}:{port} (see the log above)")
+
+
+def url_of(host: str, server: Any) -> str:
+    """The URL a uvicorn server listens on (port 0 resolved to the real one)."""
+    port = None
+    for s in getattr(server, "servers", []) or []:
+        for sock in getattr(s, "sockets", []) or []:
+            port = sock.getsockname()[1]
+            break
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port if port is not None else server.config.port}"
