@@ -171,12 +171,14 @@ def _parse_ngl(value: str | None) -> int | str | None:
 @click.option("--pair", "pair_path", type=click.Path(path_type=Path), metavar="TRUNK",
               help="FILE is an MTP-only GGUF: check that it pairs with this trunk GGUF "
                    "(every mismatch is listed; exit 1 if any).")
+@click.option("-nr", "--no-repack", "no_repack", is_flag=True,
+              help="Plan without CPU weight repacking (as run --no-repack).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl: str | None,
             device: str | None, overrides: tuple[str, ...], cpu_moe: bool, type_k: str,
             type_v: str, n_ubatch: int, spec_n_max: int | None, spec_rollback: str,
             mtp_type_k: str, mtp_type_v: str, show_tensors: bool, pair_path: Path | None,
-            as_json: bool) -> None:
+            no_repack: bool, as_json: bool) -> None:
     """Describe a Qwen3.5/3.6 GGUF: dims, layer kinds, MTP head, tensors, memory.
 
     FILE may also be an MTP-only GGUF (mtp-*.gguf): then the head, its tensors and what a
@@ -224,6 +226,14 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
         if model.mtp_file is not None:
             placements.append(plan_placement(model.mtp_file, devices, **kw))  # type: ignore
         weights = sum_bytes(*placements)
+        repack = None  # CPU weight repacking as loading will do it (ggml asked per tensor)
+        if binding:
+            from pyggspec.weights import plan_repack
+
+            repack = plan_repack(model, p_trunk, placements[1] if len(placements) > 1 else None,
+                                 repack=not no_repack)
+            for d, n in repack.extra_bytes.items():
+                weights[d] = weights.get(d, 0) + n
         owner = model.mtp_owner
         # the engine's context is capped at the training context: plan for that one
         n_ctx_run = min(n_ctx, trunk.hparams.n_ctx_train or n_ctx)
@@ -269,6 +279,11 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
                            step_graphs=steps)
         report["memory"].update(plan.to_dict())
         report["memory"]["spec_draft_n_max"] = n_max
+        if repack is not None:
+            report["memory"]["repacked"] = {"bytes": repack.repacked_bytes,
+                                            "tensors": repack.repacked_tensors,
+                                            "tied_head_copy": repack.extra_bytes,
+                                            "buffer_types": list(repack.buffer_types)}
         if n_gpu_layers not in (None, 0, "auto") and not p_trunk.offload_devices:
             report["warnings"].append(f"-ngl {ngl} ignored: no offload device, "
                                       "everything stays on the CPU")
@@ -429,6 +444,14 @@ def _human(r: dict[str, Any], show_tensors: bool) -> str:
                                                  "step_graphs")
                                        if c in mem)
                            + f" = {fmt_bytes(mem['total_bytes'])}")))
+    rp = mem.get("repacked")
+    if rp is not None:
+        copy = sum(rp["tied_head_copy"].values())
+        rows.append(("repacked", (f"{rp['tensors']} tensors, {fmt_bytes(rp['bytes'])} in "
+                                  f"{', '.join(rp['buffer_types'])}" if rp["tensors"] else
+                                  "none (plain buffers)")
+                     + (f"; the tied LM head gets its own copy (+{fmt_bytes(copy)})"
+                        if copy else "")))
     for w in r["warnings"]:
         rows.append(("warning", w))
     out = _rows(rows)

@@ -171,6 +171,24 @@ def test_cli_no_repack_flag_and_memory(qdir):
     assert a["memory"]["weights"] == b["memory"]["weights"]
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_inspect_predicts_repacked_weights(qdir, tied):
+    """inspect counts what loading will hold: the tied head's own repacked copy, and the
+    bytes in the repack buffer type (none with -nr)."""
+    path = qmodel(qdir, "q4_0", agreement=None, tied=tied)
+    for flags, rp in (([], True), (["-nr"], False)):
+        r = CliRunner().invoke(main, ["inspect", str(path), "--json", "-c", "64", *flags])
+        assert r.exit_code == 0, r.output
+        mem = json.loads(r.output)["memory"]
+        with Engine(path, n_ctx=64, n_threads=2, load_tokenizer=False, repack=rp,
+                    spec_type="draft-mtp") as e:  # inspect plans the MTP head too
+            assert mem["weights"] == e.memory()["weights"]
+            assert mem["repacked"]["bytes"] == e.weights.repacked_bytes
+            assert mem["repacked"]["tensors"] == len(e.weights.repacked())
+        copy = sum(mem["repacked"]["tied_head_copy"].values())
+        assert (copy > 0) == (tied and rp and repack_expected("q4_0"))
+
+
 def test_amx_probe_verdicts(tmp_path, monkeypatch):
     """A probe child that dies by a signal, hangs or exits non-zero means no AMX; the
     verdict is cached per host key and re-asked with fresh=True."""
