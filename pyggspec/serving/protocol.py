@@ -72,7 +72,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise invalid("the request body is empty; expected a JSON object")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise invalid("the request body is not UTF-8 text") from None
     except json.JSONDecodeError as e:
