@@ -100,6 +100,7 @@ class ServerState:
         self.metrics = ServeMetrics(self.n_max)
         self.created = oa.now()
         self.started = False
+        self._pending: set[asyncio.Future] = set()
 
     # --- helpers used by handlers ---------------------------------------------------------
     def tokenize_prompt(self, parts: list[Any]) -> list[int]:
@@ -161,6 +162,18 @@ class ServerState:
         except SchedulerClosed as e:
             raise ApiError(503, f"server is shutting down: {e.message}") from None
 
+    def record_when_done(self, handle: RequestHandle) -> None:
+        """Count a request whose client left (cancelled) once the scheduler has ended it."""
+
+        async def wait() -> None:
+            try:
+                self.finished(await handle.aresult(), 0.0, None)
+            except RequestFailed:
+                pass
+
+        self._pending.add(task := asyncio.ensure_future(wait()))
+        task.add_done_callback(self._pending.discard)
+
     def finished(self, result: Result, t_start: float, t_first: float | None) -> None:
         self.metrics.record_result(result)
         if t_first is not None:
@@ -208,6 +221,7 @@ async def _run_to_end(state: ServerState, request: Request, handle: RequestHandl
         gone.cancel()
     if not work.done():
         work.cancel()
+        state.record_when_done(handle)
         raise ApiError(499, "client disconnected")
     try:
         result = work.result()
@@ -225,17 +239,21 @@ class _CancellingStream(StreamingResponse):
     """A streaming response that cancels its request however the stream ends (done,
     client gone, server error): a disconnected client frees its slot."""
 
-    def __init__(self, content: AsyncIterator[bytes], handle: RequestHandle) -> None:
+    def __init__(self, content: AsyncIterator[bytes], handle: RequestHandle,
+                 state: ServerState) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self.handle = handle
+        self.state = state
+        self.completed = False
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            if not self.handle.done:
+            if not self.completed:
                 self.handle.cancel()
+                self.state.record_when_done(self.handle)
 
 
 def _stream(state: ServerState, handle: RequestHandle, t_start: float,
@@ -254,15 +272,18 @@ def _stream(state: ServerState, handle: RequestHandle, t_start: float,
                     yield _sse(c)
             result = handle.result()
         except RequestFailed as e:
+            response.completed = True
             yield _sse(ApiError(500, f"generation failed: {e.message}").body())
             return
+        response.completed = True
         state.finished(result, t_start, t_first)
         for c in final(result):
             yield _sse(c)
         if done_marker:
             yield b"data: [DONE]\n\n"
 
-    return _CancellingStream(body(), handle)
+    response = _CancellingStream(body(), handle, state)
+    return response
 
 
 # ---------------------------------------------------------------------------- the app
@@ -370,7 +391,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     @app.middleware("http")
     async def count_requests(request: Request, call_next: Callable) -> Response:
         resp = await call_next(request)
-        count(request.url.path, resp.status_code)
+        route = request.scope.get("route")
+        count(getattr(route, "path", "unmatched"), resp.status_code)
         return resp
 
     # --- health, models, props, slots, metrics --------------------------------------------
