@@ -323,7 +323,7 @@ def create_app(target: Any, config: ServerConfig | None = None, *, max_queue: in
                   openapi_url=None)
     app.state.pyggspec = state
     _install_errors(app, state)
-    _install_auth(app, state)
+    app.add_middleware(_Gate, state=state)
     _routes(app, state)
     return app
 
@@ -364,19 +364,41 @@ def _install_errors(app: FastAPI, state: ServerState) -> None:
         return _error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
 
 
-def _install_auth(app: FastAPI, state: ServerState) -> None:
-    key = state.config.api_key
-    if not key:
-        return
+class _Gate:
+    """Pure ASGI middleware: the API key check (every path but /health) and the per-route
+    request counts for /metrics. Not Starlette's BaseHTTPMiddleware, which would relay
+    every streamed chunk through an extra task and memory stream."""
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next: Callable) -> Response:
-        if request.url.path not in PUBLIC_PATHS:
-            given = request.headers.get("authorization") or request.headers.get("x-api-key")
-            given = (given or "").removeprefix("Bearer ").strip()
-            if given != key:
-                return _error_response(ApiError(401, "Invalid API Key"))
-        return await call_next(request)
+    def __init__(self, app: Any, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+        key = state.config.api_key
+        self.key = key.encode() if key else None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.key is not None and scope["path"] not in PUBLIC_PATHS:
+            headers = dict(scope["headers"])
+            given = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
+            given = given.removeprefix(b"Bearer ").strip()
+            if given != self.key:
+                self.state.metrics.count_request("unauthorized", 401)
+                await _error_response(ApiError(401, "Invalid API Key"))(scope, receive, send)
+                return
+        status = [500]
+
+        async def send_status(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            self.state.metrics.count_request(getattr(route, "path", "unmatched"), status[0])
 
 
 def _routes(app: FastAPI, state: ServerState) -> None:
@@ -384,16 +406,6 @@ def _routes(app: FastAPI, state: ServerState) -> None:
 
     async def body_of(request: Request) -> dict[str, Any]:
         return parse_body(await request.body())
-
-    def count(endpoint: str, status: int) -> None:
-        state.metrics.count_request(endpoint, status)
-
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next: Callable) -> Response:
-        resp = await call_next(request)
-        route = request.scope.get("route")
-        count(getattr(route, "path", "unmatched"), resp.status_code)
-        return resp
 
     # --- health, models, props, slots, metrics --------------------------------------------
     @app.get("/health")
