@@ -448,6 +448,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/slots")
     async def slots(request: Request) -> JSONResponse:
         info = await asyncio.to_thread(state.scheduler.slots)
+        for s in info:  # llama-server's flag next to the scheduler's state name
+            s.setdefault("is_processing", s.get("state") != "idle")
         if request.query_params.get("fail_on_no_slot") in ("1", "true") and all(
                 s.get("state") != "idle" for s in info):
             raise ApiError(503, "no slot available")
