@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,26 @@ def test_metrics_text():
     assert "pyggspec:requests_deferred 2" in lines
     assert 'pyggspec:memory_bytes{component="kv",device="CPU"} 1024' in lines
     assert "# TYPE pyggspec:time_to_first_token_seconds histogram" in lines
+
+
+QWEN35_TEMPLATE = (Path(__file__).resolve().parents[1] / ".cache" / "llama-cpp-python-0.3.36"
+                   / "vendor" / "llama.cpp" / "models" / "templates" / "Qwen3.5-4B.jinja")
+
+
+@pytest.mark.skipif(not QWEN35_TEMPLATE.is_file(),
+                    reason="needs the llama-cpp-python sdist that install.sh keeps in .cache/")
+def test_real_qwen35_template_needs_jinja(tokenizer):
+    """Qwen3.5's own template: thinking is dropped from history and the generation prompt
+    opens <think> (or closes it with enable_thinking false) -- what llama.cpp's built-in
+    matcher cannot do (it sees <|im_start|> and renders plain ChatML)."""
+    src = QWEN35_TEMPLATE.read_text()
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "<think>\nhm\n</think>\n\nhello"},
+            {"role": "user", "content": "again"}]
+    head = ("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+            "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+    t = ChatTemplate(tokenizer, template=src)
+    assert t.render(msgs) == head + "<think>\n"
+    assert t.render(msgs, kwargs={"enable_thinking": False}) == head + "<think>\n\n</think>\n\n"
+    with pytest.raises(ValueError, match="--jinja"):
+        ChatTemplate(tokenizer, template=src, jinja=False)

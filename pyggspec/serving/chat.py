@@ -34,6 +34,9 @@ class ChatTemplate:
     """The chat template of one model, ready to render request after request."""
 
     def __init__(self, tokenizer: Any, template: str | None = None, jinja: bool = True) -> None:
+        if template is not None and not jinja:
+            raise ValueError("a chat template of your own needs --jinja (llama.cpp's built-in "
+                             "matcher only renders the file's template)")
         self.tokenizer = tokenizer
         self.source = template or getattr(tokenizer, "chat_template", None) or CHATML
         self.from_file = template is None and getattr(tokenizer, "chat_template", None) is not None

@@ -503,8 +503,10 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         messages = parse_messages(body)
         kwargs = parse_template_kwargs(body)
         gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
-        text = state.template.render(messages, True, kwargs)
-        ids = state.tokenize_prompt([text])
+        # template and tokenizer off the event loop: a long conversation must not stall
+        # the other streams
+        ids = await asyncio.to_thread(
+            lambda: state.tokenize_prompt([state.template.render(messages, True, kwargs)]))
         state.check_context(ids, gen)
         rid, created = oa.new_id("chatcmpl"), oa.now()
         handle = await state.submit(ids, gen, rid, get_bool(body, "cache_prompt", True))
@@ -545,7 +547,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         if body.get("suffix") is not None:
             raise ApiError(400, "'suffix' (infill) is not supported by pyggspec serve",
                            param="suffix", type="not_supported_error")
-        ids = state.tokenize_prompt(parts)
+        ids = await asyncio.to_thread(state.tokenize_prompt, parts)
         state.check_context(ids, gen)
         prefix = state.tokenizer.detokenize(ids) if gen.echo else ""
         rid, created = oa.new_id("cmpl"), oa.now()
@@ -579,7 +581,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         model = state.model_name(body)
         parts = parse_prompt(body, state.n_vocab)
         gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
-        ids = state.tokenize_prompt(parts)
+        ids = await asyncio.to_thread(state.tokenize_prompt, parts)
         state.check_context(ids, gen)
         settings = state.settings(gen)
         prompt_echo = body.get("prompt")
