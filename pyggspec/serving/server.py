@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -657,9 +659,23 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8080,
                 on_listen(url_of(host, server))
 
         server.startup = startup  # type: ignore[method-assign]
-    server.run()
+    # uvicorn handles SIGINT/SIGTERM (stop listening, finish in-flight requests, lifespan
+    # shutdown) and then re-raises the signal; with these no-op handlers underneath, that
+    # re-raise returns here, so the caller closes the engine and the process exits 0
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        saved = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
     if not server.started:
         raise OSError(f"could not listen on {host}:{port} (see the log above)")
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """Placeholder handler while uvicorn owns the signals (see :func:`serve`)."""
 
 
 def url_of(host: str, server: Any) -> str:
