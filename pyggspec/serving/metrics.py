@@ -113,12 +113,15 @@ class ServeMetrics:
             for i, (d, a) in enumerate(zip(spec.drafted_at, spec.accepted_at)):
                 self.drafted_at[i] += d
                 self.accepted_at[i] += a
-            # drafted_at[k] = steps with more than k drafts, so exactly k = [k-1] - [k]
-            more = list(spec.drafted_at) + [0]
-            _grow(self.draft_len_steps, len(more))
-            self.draft_len_steps[0] += spec.n_steps - (more[0] if spec.drafted_at else 0)
-            for k in range(1, len(more)):
-                self.draft_len_steps[k] += more[k - 1] - more[k]
+            lengths = getattr(spec, "draft_lengths", None)
+            if lengths is None:
+                # drafted_at[k] = steps with more than k drafts, so exactly k = [k-1] - [k]
+                more = list(spec.drafted_at) + [0]
+                lengths = [spec.n_steps - more[0]] + [more[k - 1] - more[k]
+                                                      for k in range(1, len(more))]
+            _grow(self.draft_len_steps, len(lengths))
+            for k, n in enumerate(lengths):
+                self.draft_len_steps[k] += n
 
     def record_ttft(self, seconds: float) -> None:
         with self._lock:
@@ -195,12 +198,17 @@ class ServeMetrics:
                                   (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)))
         if memory:
             mem = Metric("memory_bytes", "gauge", "Memory by component and device.")
+            dev_total = Metric("memory_device_bytes", "gauge",
+                               "Memory by device (host: the slots' prompt checkpoints).")
             for comp, by_dev in memory.items():
                 if not isinstance(by_dev, Mapping):
                     continue
                 for dev, n in by_dev.items():
-                    mem.add(int(n), component=comp, device=dev)
-            out.append(mem)
+                    if comp == "by_device":
+                        dev_total.add(int(n), device=dev)
+                    else:
+                        mem.add(int(n), component=comp, device=dev)
+            out += [mem, dev_total]
         out.extend(extra)
         return out
 
