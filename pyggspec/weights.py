@@ -29,7 +29,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from pyggspec.errors import DeviceError, ModelFileError, PyggspecError
@@ -274,6 +274,8 @@ class Weights:
         self._aliases: dict[str, str] = {}
         self._mapped: set[str] = set()
         self._repacked: dict[str, str] = {}  # key -> extra buffer type name
+        self._sources: dict[str, tuple[ModelFile, TensorInfo]] = {}  # key -> file, tensor
+        self._repack_types: list[BufferType] = []  # what loading could repack into
         self._plan_devices: set[str] = set()
         self._views: list[np.ndarray] = []  # keep the file mappings exported (alive)
         self._contexts: list[Context] = []
@@ -347,6 +349,65 @@ class Weights:
     @property
     def repacked_bytes(self) -> int:
         return sum(self._tensors[k].nbytes for k in self._repacked)
+
+    # -- derived weights --------------------------------------------------------------------
+    def add_requantized(self, key: str, src: str, type_name: str,
+                        chunk_rows: int = 8192) -> Tensor:
+        """A copy of weight ``src`` in another ggml type, under ``key``, on the same device
+        (a CPU copy in a repack buffer type when these weights were loaded with repacking
+        and ggml takes it there).
+
+        For weights only an approximation needs (the draft LM head: a draft is a guess the
+        target verifies). The rows are dequantized from the file and quantized again with
+        ggml's quantizer a chunk at a time, so the host never holds them all in float32.
+        """
+        import numpy as np
+        from gguf.quants import GGMLQuantizationType, dequantize
+
+        from pyggspec.ggml import _lib
+        from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
+        from pyggspec.ggml.context import Context
+        from pyggspec.ggml.quantize import quantize_rows
+        from pyggspec.ggml.repack import alloc_for_context
+        from pyggspec.modelfile import ggml_type
+
+        skey = self._resolve(src)
+        if skey not in self._sources:
+            raise PyggspecError(None, f"weight '{src}' is not loaded from a file")
+        file, info = self._sources[skey]
+        dst = ggml_type(type_name)
+        ne0, n_rows = info.ne[0], int(np.prod(info.ne[1: info.n_dims]))
+        if ne0 % dst.block_size:
+            raise PyggspecError(None, f"'{src}' rows of {ne0} values do not fit "
+                                f"{dst.name} blocks of {dst.block_size}")
+        raw = np.asarray(file.tensor_data(info.name)).reshape(n_rows, -1)
+        rb = dst.row_bytes(ne0)
+        out = bytearray(rb * n_rows)
+        for r0 in range(0, n_rows, chunk_rows):
+            rows = dequantize(raw[r0:r0 + chunk_rows], GGMLQuantizationType(info.type.id))
+            rows = rows.reshape(-1, ne0)
+            out[r0 * rb:(r0 + len(rows)) * rb] = quantize_rows(dst.id, rows)
+        dev = self._devices[skey]
+        ctx = Context(1)
+        self._contexts.append(ctx)
+        t = ctx.new_tensor(dst.id, info.shape, key)
+        buft = None
+        if self._repack_types and dev.is_cpu:
+            buft = _repack_choice(dev, self._repack_types, key, replace(info, type=dst))
+        if buft is not None:
+            ptr = alloc_for_context(ctx, buft)
+            if ptr is None:
+                raise DeviceError(dev.name, f"could not allocate {key} in {buft.name}")
+            buf = Buffer(ptr, dev, f"{key} ({buft.name})")
+            _lib.lib.ggml_backend_buffer_set_usage(ptr, USAGE_WEIGHTS)
+            self._repacked[key] = buft.name
+        else:
+            buf = Buffer.for_context(ctx, dev, key, USAGE_WEIGHTS)
+        self.buffers.append(buf)
+        t.set(memoryview(out))
+        self._tensors[key] = t
+        self._devices[key] = dev
+        return t
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
@@ -578,6 +639,7 @@ def load_weights(model: Model, placement: Placement, mtp_placement: Placement | 
 
     w = Weights()
     w._plan_devices = plan_devices
+    w._repack_types = list(rtypes)
     try:
         _upload(w, jobs, devices, use_mmap=use_mmap, progress=progress,
                 repack=[] if not rtypes else [(j.key, _repack_choice(cpu, rtypes, j.key, j.info))
@@ -690,6 +752,7 @@ def _upload(w: Weights, jobs: list[_Job], devices: Mapping[str, Device], *, use_
         for j, _, t in made:
             w._tensors[j.key] = t
             w._devices[j.key] = dev
+            w._sources[j.key] = (j.file, j.info)
 
     total = sum(j.info.nbytes for j, _ in to_copy)
     bar = _Progress(total, _want_progress(progress, total))

@@ -224,3 +224,28 @@ def test_amx_probe_child_runs_here():
         assert r.returncode == 3, r.stderr.decode()
     else:
         assert r.returncode in (0,) or r.returncode < 0 or r.returncode == 4
+
+
+@pytest.mark.parametrize("repack", [False, True])
+def test_requantized_copy_of_a_weight(qdir, repack):
+    """A lower-bit copy (the draft LM head): ggml's own quantization of the dequantized
+    rows, on the same device, repacked where ggml takes it; its products stay close."""
+    from gguf.quants import GGMLQuantizationType, dequantize
+
+    from pyggspec.ggml.quantize import quantize_rows
+    from pyggspec.modelfile import ggml_type
+
+    path = qmodel(qdir, "q8_0", agreement=None)
+    with Engine(path, n_ctx=64, n_threads=2, load_tokenizer=False, repack=repack) as e:
+        w = e.weights
+        src = w.get("output.weight")
+        t = w.add_requantized("draft:head", "output.weight", "q4_0")
+        assert w.get("draft:head") is t and t.type == ggml_type("q4_0").id
+        assert t.shape == src.shape and w.device_of("draft:head").is_cpu
+        assert ("draft:head" in w.repacked()) == (repack and repack_expected("q4_0"))
+        file, info = w._sources["output.weight"]
+        rows = dequantize(np.asarray(file.tensor_data(info.name)).reshape(info.ne[1], -1),
+                          GGMLQuantizationType(info.type.id))
+        if not repack:  # plain buffer: the bytes read back as written
+            want = quantize_rows(ggml_type("q4_0").id, rows.reshape(info.ne[1], info.ne[0]))
+            assert t.get().tobytes() == want
