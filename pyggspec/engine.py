@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from typing_extensions import Self
@@ -25,7 +26,11 @@ from pyggspec.modelfile import open_model
 from pyggspec.models.qwen35 import StepResult, Target, UBatch
 from pyggspec.sampling import SamplingParams
 from pyggspec.sampling.session import SequenceSamplers
+from pyggspec.serving.request import Event, Request, RequestHandle
 from pyggspec.speculative.loop import SpecConfig, SpecStats
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyggspec.serving.scheduler import Scheduler as RequestScheduler
 
 log = logging.getLogger("pyggspec.engine")
 
@@ -67,13 +72,14 @@ class GenerationResult:
     text: str
     tokens: list[int]
     n_prompt: int
-    stop_reason: str  # "eos" | "length" (-n) | "context" (prompt + output == n_ctx)
+    stop_reason: str  # "eos" | "stop" | "length" (-n) | "context" (prompt + output == n_ctx)
     timings: Timings
+    cache_n: int = 0  # prompt tokens reused from the slot's cache
 
     def to_dict(self) -> dict:
         return {"text": self.text, "tokens": self.tokens, "n_prompt": self.n_prompt,
                 "n_gen": len(self.tokens), "stop_reason": self.stop_reason,
-                "timings": self.timings.to_dict()}
+                "cache_n": self.cache_n, "timings": self.timings.to_dict()}
 
 
 def _check_cache_types(types: Mapping[str, str]) -> None:
@@ -103,7 +109,8 @@ class Engine:
                  spec: SpecConfig | None = None, mtp_type_k: str = "f16",
                  mtp_type_v: str = "f16", draft_backend_sampling: bool = True,
                  sampling: SamplingParams | None = None, backend_sampling: bool = False,
-                 repack: bool = True) -> None:
+                 repack: bool = True, ctx_checkpoints: int = 4,
+                 checkpoint_min_step: int = 512) -> None:
         from pyggspec.weights import load_weights, plan_placement
 
         if min(n_ctx, n_parallel, n_batch, n_ubatch) < 1:
@@ -111,6 +118,14 @@ class Engine:
         _check_cache_types({"-ctk": type_k, "-ctv": type_v, "-ctkd": mtp_type_k,
                             "-ctvd": mtp_type_v})
         self._closers: list = []
+        self._scheduler: RequestScheduler | None = None
+        self.model_path = os.fspath(model_path)
+        if ctx_checkpoints < 0 or checkpoint_min_step < 1:
+            raise PyggspecError("--ctx-checkpoints", "need ctx_checkpoints >= 0 and "
+                                "checkpoint_min_step >= 1")
+        # prompt reuse: recurrent-state copies saved along each prompt, per slot
+        self.ctx_checkpoints = ctx_checkpoints
+        self.checkpoint_min_step = checkpoint_min_step
         try:
             self.model = open_model(model_path, mtp_path)
             self._closers.append(self.model)
@@ -322,6 +337,8 @@ class Engine:
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:
+        if self._scheduler is not None and self._scheduler.running:
+            self._scheduler.stop(drain=False)
         while self._closers:
             self._closers.pop().close()
 
@@ -453,112 +470,129 @@ class Engine:
         return self.decode({seq_id: tokens}, logits="all")[seq_id].logits
 
     # --- generation -----------------------------------------------------------------------
+    @property
+    def scheduler(self) -> RequestScheduler:
+        """The engine's :class:`~pyggspec.serving.scheduler.Scheduler`: every generation
+        (these methods, the CLI, the server) goes through it."""
+        if self._scheduler is None:
+            from pyggspec.serving.scheduler import Scheduler as RequestScheduler
+
+            self._scheduler = RequestScheduler(self)
+            self.samplers = self._scheduler.samplers
+        return self._scheduler
+
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue a :class:`~pyggspec.serving.request.Request` (see ``scheduler``)."""
+        return self.scheduler.submit(request)
+
+    def _submit_all(self, prompts: Sequence[str | Sequence[int]], max_tokens: int,
+                    ignore_eos: bool, sampling: SamplingParams | None,
+                    **kw) -> list[RequestHandle]:
+        """Validate every prompt first (nothing is queued when one is bad), then queue them;
+        with no more prompts than slots, prompt i runs in slot i."""
+        from pyggspec.serving.request import RequestError
+
+        if max_tokens < 0:
+            raise PyggspecError("-n", f"must be >= 0, got {max_tokens}")
+        sched = self.scheduler
+        pin = len(prompts) <= self.n_parallel
+        reqs = []
+        for i, p in enumerate(prompts):
+            ids = self.tokenize(p) if isinstance(p, str) else p
+            req = Request(ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos,
+                          slot=i if pin else None, **kw)
+            try:
+                req.prompt = sched._validate(req)
+            except RequestError as err:
+                raise PyggspecError(None, f"prompt {i}: {err.message}") from None
+            reqs.append(req)
+        return [sched.submit(r) for r in reqs]
+
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128,
                ignore_eos: bool = False,
                sampling: SamplingParams | None = None) -> Iterator[Piece]:
-        """Generate for one prompt (in slot 0), one :class:`Piece` (token id + text) at a
-        time, with the engine's sampling and speculation settings.
+        """Generate for one prompt, one :class:`Piece` (token id + text) at a time, with the
+        engine's sampling and speculation settings.
 
-        When the iterator ends, ``self.last_result`` holds the :class:`GenerationResult`.
+        When the iterator ends, ``self.last_result`` holds the :class:`GenerationResult`;
+        closing it early cancels the request.
         """
-        detok = self.tokenizer.detokenizer() if self.tokenizer is not None else None
-        gen = self._generate([prompt], max_tokens, ignore_eos, sampling)
-        for _, tokens in gen:
-            for t in tokens:
-                yield Piece(t, detok.add(t) if detok is not None else "")
-        if detok is not None:
-            tail = detok.flush()
-            if tail:
-                yield Piece(-1, tail)
-        self.last_result = self._results[0]
-
-    def _is_stop(self, ignore_eos: bool):
-        if ignore_eos or self.tokenizer is None:
-            return lambda t: False
-        return self.tokenizer.is_eog
+        t0 = time.perf_counter()
+        (h,) = self._submit_all([prompt], max_tokens, ignore_eos, sampling)
+        try:
+            for ev in h:
+                yield Piece(ev.tokens[0] if ev.tokens else -1, ev.text)
+        finally:
+            h.cancel()
+        self.last_result = self._collect([h], t0)[0]
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
                        ignore_eos: bool = False, on_tokens=None,
                        sampling: SamplingParams | None = None) -> list[GenerationResult]:
-        """Generate for several prompts at once, one sequence slot each, in shared batches.
+        """Generate for several prompts at once, in shared batches (one slot each; more
+        prompts than slots wait for a free one).
 
         With ``spec_type="draft-mtp"`` every sequence speculates with its own drafts and
         acceptance; ``on_tokens(index, tokens)`` is called as tokens are emitted.
         """
-        for slot, tokens in self._generate(prompts, max_tokens, ignore_eos, sampling):
-            if on_tokens:
-                on_tokens(slot, tokens)
-        return self._results
+        t0 = time.perf_counter()
+        handles = self._submit_all(prompts, max_tokens, ignore_eos, sampling)
+        if on_tokens is not None:
+            for i, h in enumerate(handles):
+                h.add_callback(lambda item, i=i: on_tokens(i, list(item.tokens))
+                               if isinstance(item, Event) and item.tokens else None)
+        return self._collect(handles, t0)
 
-    def _generate(self, prompts, max_tokens: int, ignore_eos: bool,
-                  sampling: SamplingParams | None) -> Iterator[tuple[int, list[int]]]:
-        """The generation loop: yields (slot, new tokens); results land in _results.
+    def _collect(self, handles: list[RequestHandle], t0: float) -> list[GenerationResult]:
+        """Wait for the results; ``self.stats`` becomes their speculation counts summed.
+        A failed request raises what failed (e.g. the device error)."""
+        from pyggspec.serving.request import RequestFailed
 
-        When to stop is one rule for every path (:func:`~pyggspec.speculative.loop.emit_room`):
-        prompt + output fit the context and the output fits ``max_tokens``; a prompt must
-        fit the context and, when ``max_tokens > 0``, leave room for one token.
-        """
-        from pyggspec.speculative.loop import prefill, speculative_step
-
-        if len(prompts) > self.n_parallel:
-            raise PyggspecError(None, f"{len(prompts)} prompts but only {self.n_parallel} "
-                                "sequence slots (raise --parallel)")
-        ids = {i: (self.tokenize(p) if isinstance(p, str) else [int(t) for t in p])
-               for i, p in enumerate(prompts)}
-        if max_tokens < 0:
-            raise PyggspecError("-n", f"must be >= 0, got {max_tokens}")
-        for i, toks in ids.items():
-            if not toks:
-                raise PyggspecError(None, f"prompt {i} is empty")
-            # the prompt must fit, and leave room for a token when any is asked for
-            if len(toks) + (max_tokens > 0) > self.n_ctx:
-                what = "does not fit" if len(toks) > self.n_ctx else "leaves no room to generate in"
-                raise PyggspecError(None, f"prompt {i} of {len(toks)} tokens {what} the "
-                                    f"context ({self.n_ctx}); raise -c")
-        if sampling is not None:
-            sampling.check_vocab(self.n_vocab)
-        is_stop = self._is_stop(ignore_eos)
-        self.samplers = samplers = self.make_samplers(sampling)
-        for slot, toks in ids.items():
-            samplers.start(slot, toks)
-        self.stats = stats = SpecStats()
+        try:
+            results = [h.result() for h in handles]
+        except RequestFailed as err:
+            for h in handles:
+                h.cancel()
+            if isinstance(err.__cause__, PyggspecError):
+                raise err.__cause__ from None
+            raise
+        wall = (time.perf_counter() - t0) * 1000
         timings = Timings()
-        t0 = time.perf_counter()
-        if self.spec_type:
-            seqs = prefill(self, self.drafter, ids, stats, samplers, is_stop, max_tokens)
-        else:
-            seqs = self._plain_prefill(ids, samplers, is_stop, max_tokens)
-        timings.prompt_n = sum(len(t) for t in ids.values())
-        timings.prompt_ms = (time.perf_counter() - t0) * 1000
-        for s in seqs:
-            if s.out:
-                yield s.slot, list(s.out)
-        t0 = time.perf_counter()
-        while any(not s.done for s in seqs):
-            before = {s.slot: len(s.out) for s in seqs}
-            t_step = time.perf_counter()
-            device_ms = self._device_ms()
-            if self.spec_type:
-                speculative_step(self, self.drafter, seqs, self.spec, stats, samplers, is_stop)
-            else:
-                self._plain_step(seqs, samplers, is_stop)
-            # the host share of the step: wall time minus graph compute and graph builds
-            timings.python_ms.append((time.perf_counter() - t_step) * 1000
-                                     - (self._device_ms() - device_ms))
-            for s in seqs:
-                if len(s.out) > before[s.slot]:
-                    yield s.slot, s.out[before[s.slot]:]
-        timings.predicted_n = sum(len(s.out) for s in seqs)
-        timings.predicted_ms = (time.perf_counter() - t0) * 1000
-        out = []
-        for s in seqs:
-            text = self.detokenize(s.out) if self.tokenizer is not None else ""
-            out.append(GenerationResult(text, list(s.out), len(ids[s.slot]), s.stop_reason,
-                                        timings))
-        self._results = out
+        timings.prompt_n = sum(r.timings.prompt_n for r in results)
+        timings.prompt_ms = max(r.timings.prompt_ms for r in results)
+        timings.predicted_n = sum(r.timings.predicted_n for r in results)
+        timings.predicted_ms = max(0.0, wall - timings.prompt_ms)
+        timings.python_ms = max((r.timings.python_ms for r in results), key=len)
+        stats = SpecStats()
+        for r in results:
+            if r.spec is not None:
+                stats.merge(r.spec)
+        self.stats = stats
+        return [GenerationResult(r.text, list(r.tokens), r.n_prompt, r.stop_reason, timings,
+                                 r.timings.cache_n) for r in results]
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
+                 ignore_eos: bool = False,
+                 sampling: SamplingParams | None = None) -> GenerationResult:
+        """Generate for one prompt and return the result (text, tokens, timings)."""
+        return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling)[0]
+
+    def create_completion(self, prompt: str | Sequence[int], **kw) -> dict | Iterator[dict]:
+        """llama-cpp-python's ``Llama.create_completion`` (same arguments and dict shapes;
+        ``stream=True`` returns an iterator of chunks), run on the scheduler."""
+        from pyggspec.serving.completion import create_completion
+
+        return create_completion(self, prompt, **kw)
+
+    def create_chat_completion(self, messages: Sequence[Mapping], **kw) -> dict | Iterator[dict]:
+        """llama-cpp-python's ``Llama.create_chat_completion``: the GGUF's chat template,
+        then :meth:`create_completion`'s machinery; chat dict shapes."""
+        from pyggspec.serving.completion import create_chat_completion
+
+        return create_chat_completion(self, messages, **kw)
 
     def make_samplers(self, sampling: SamplingParams | None = None) -> SequenceSamplers:
-        """Sampler chains for one generation, planned against the output device."""
+        """Sampler chains for the slots, planned against the output device."""
         out_dev = get_device(self.placement.output_device)
         split = len({self.placement.output_device,
                      self.placement.tensor_devices.get("output_norm.weight", "CPU")}) > 1
@@ -571,48 +605,6 @@ class Engine:
         if self.mtp is not None:
             total += self.mtp.compute_ms_total + self.mtp.build_ms_total
         return total
-
-    def _plain_prefill(self, ids: dict[int, list[int]], samplers, is_stop, max_tokens: int):
-        from pyggspec.speculative.loop import SeqState
-
-        for slot in ids:
-            self.clear(slot)
-        res = self.decode(ids, logits="last")
-        seqs = []
-        for slot, toks in ids.items():
-            s = SeqState(slot, len(toks), -1, [], np.zeros((0, 0), np.float32), 0, max_tokens)
-            s.first_token(lambda slot=slot: samplers.choose(slot, res[slot].logits[-1]),
-                          samplers, is_stop, self.n_ctx)
-            seqs.append(s)
-        return seqs
-
-    def _plain_step(self, seqs, samplers, is_stop) -> None:
-        """One token for every live sequence in one ubatch (B x 1)."""
-        live = [s for s in seqs if not s.done]
-        B = len(live)
-        rows = np.array([self.rs.row(s.slot) for s in live], np.int32)
-        plan = samplers.plan_id(B)
-        ub = UBatch(np.array([[s.pending] for s in live], np.int32),
-                    np.array([s.pos for s in live], np.int64), tuple(s.slot for s in live),
-                    np.arange(B, dtype=np.int32), state_src=rows, state_dst=rows[None, :],
-                    sampling=plan, rows=samplers.rows([(s.slot, ()) for s in live]) if plan
-                    else None)
-        res = self.target.run(ub, copy=False)
-        for b, s in enumerate(live):
-            s.pos += 1
-            t = (int(res.ids[b]) if res.ids is not None
-                 else samplers.choose(s.slot, res.logits[b]))
-            if is_stop(t):
-                s.done, s.stop_reason = True, "eos"
-                continue
-            s.emit([t], samplers)
-            s.settle(self.n_ctx)
-
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
-                 ignore_eos: bool = False,
-                 sampling: SamplingParams | None = None) -> GenerationResult:
-        """Generate for one prompt and return the result (text, tokens, timings)."""
-        return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling)[0]
 
     def memory(self) -> dict:
         """Bytes per component and device, as allocated (same keys as the prediction in
@@ -640,6 +632,8 @@ class Engine:
                 m.add("compute", dev, n)
             for dev, n in self.mtp_sched.spawned_buffer_sizes().items():
                 m.add("step_graphs", dev, n)
+        if self._scheduler is not None and self._scheduler.checkpoint_bytes():
+            m.add("prompt_checkpoints", "host", self._scheduler.checkpoint_bytes())
         if self.samplers is not None and self.samplers.stats.buffer_bytes:
             m.add("sampling", self.placement.output_device, self.samplers.stats.buffer_bytes)
         return m.to_dict()

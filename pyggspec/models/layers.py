@@ -139,13 +139,18 @@ def ffn(b: Builder, x: Tensor, il: int) -> Tensor:
 # --- gated full attention ---------------------------------------------------------------
 @dataclass
 class AttnInputs:
-    """Graph inputs shared by every attention layer of one ubatch."""
+    """Graph inputs shared by every attention layer of one ubatch.
+
+    Which slots the sequences use is data, not shape: ``kv_idx`` says where each token's
+    K/V goes and ``kv_rows`` which cache rows each sequence attends over, so one graph
+    serves any combination of slots (continuous batching never rebuilds graphs).
+    """
 
     pos: Tensor  # I32 [4 * n_tokens]: (p, p, p, 0) per token, sectioned
     mask: Tensor  # F16 [n_kv, T, 1, B]
     kv_idx: Tensor  # I64 [n_tokens]: slot * n_ctx + pos, where each token's K/V goes
+    kv_rows: Tensor  # I32 [n_kv * B]: slot * n_ctx + 0..n_kv-1, the window of each sequence
     n_kv: int
-    slots: tuple[int, ...]  # cache slot of each sequence in the ubatch
     n_ctx: int  # cells per slot
 
 
@@ -153,43 +158,58 @@ class CausalInputs:
     """Positions, causal mask and KV cells of one ubatch: the graph inputs and the host
     arrays bound to them (filled in place every step, one C call per input)."""
 
-    def __init__(self, ctx: Context, T: int, B: int, n_kv: int, slots: tuple[int, ...],
-                 n_ctx: int, prefix: str = "") -> None:
+    def __init__(self, ctx: Context, T: int, B: int, n_kv: int, n_ctx: int,
+                 prefix: str = "") -> None:
         n = T * B
-        self.T, self.B = T, B
+        self.T, self.B, self.n_kv = T, B, n_kv
         self.pos = ctx.input("i32", (4 * n,), f"{prefix}inp_pos")
         self.mask = ctx.input("f16", (n_kv, T, 1, B), f"{prefix}kq_mask")
         self.kv_idx = ctx.input("i64", (n,), f"{prefix}kv_idx")
-        self.attn = AttnInputs(self.pos, self.mask, self.kv_idx, n_kv, slots, n_ctx)
+        self.kv_rows = ctx.input("i32", (n_kv * B,), f"{prefix}kv_rows")
+        self.attn = AttnInputs(self.pos, self.mask, self.kv_idx, self.kv_rows, n_kv, n_ctx)
         self._pos = np.zeros((4, n), np.int32)
         self._mask = np.zeros((B, 1, T, n_kv), np.float16)
-        self._kv_idx = np.zeros(n, np.int64)
+        self._kv_idx = np.zeros((B, T), np.int64)
+        self._kv_rows = np.zeros((B, n_kv), np.int32)
         self._cells = np.arange(n_kv, dtype=np.int64)
+        self._cells32 = np.arange(n_kv, dtype=np.int32)
+        self._t = np.arange(T, dtype=np.int64)
+        self._p = np.zeros((B, T), np.int64)
         self._visible = np.zeros((B, T, n_kv), bool)
+        self._base = np.zeros((B, 1), np.int64)
+        self._slots: tuple | None = None
 
     def bindings(self) -> list[HostBinding]:
         return [HostBinding(self.pos, self._pos), HostBinding(self.mask, self._mask),
-                HostBinding(self.kv_idx, self._kv_idx)]
+                HostBinding(self.kv_idx, self._kv_idx), HostBinding(self.kv_rows, self._kv_rows)]
 
     def fill(self, pos0: np.ndarray, slots: tuple[int, ...], n_ctx: int) -> None:
         """Token t of sequence b sits at pos0[b] + t and sees cache cells 0..its position."""
-        pos = pos0[:, None] + np.arange(self.T)[None, :]  # [B, T]
+        pos = self._p
+        np.add(pos0[:, None], self._t[None, :], out=pos)  # [B, T]
         self._pos[:3] = pos.reshape(-1)  # M-RoPE: (p, p, p, 0) per token, sectioned
         np.less_equal(self._cells[None, None, :], pos[:, :, None], out=self._visible)
         m = self._mask[:, 0]
         m.fill(np.float16(-np.inf))
         m[self._visible] = 0
-        self._kv_idx[:] = (np.asarray(slots, np.int64)[:, None] * n_ctx + pos).reshape(-1)
+        if slots != self._slots:  # rows of each sequence's window: only when slots change
+            self._slots = tuple(slots)
+            self._base[:, 0] = np.asarray(slots, np.int64) * n_ctx
+            np.add(self._base.astype(np.int32), self._cells32[None, :], out=self._kv_rows)
+        np.add(self._base, pos, out=self._kv_idx)
 
 
-def _kv_view(b: Builder, written: Tensor, hd: int, n_head_kv: int, inp: AttnInputs,
-             first: int, count: int) -> Tensor:
-    """[hd, n_kv, H_kv, count] view of slots first..first+count-1 of a cache (after writing)."""
-    cell = written.nb[1]
-    hd_bytes = cell // n_head_kv
-    v = b.ctx.view(written, (hd, n_head_kv, inp.n_kv, count),
-                   (hd_bytes, cell, cell * inp.n_ctx), first * inp.n_ctx * cell)
-    return b.ctx.permute(v, 0, 2, 1, 3)
+def _kv_window(b: Builder, written: Tensor, cache: Tensor, hd: int, n_head_kv: int,
+               inp: AttnInputs) -> Tensor:
+    """[hd, n_kv, H_kv, B] window of every sequence of the ubatch, gathered from the cache
+    rows ``kv_rows`` (after this ubatch's K/V were written) and cast back to the cache type,
+    so attention computes exactly what it would on a view of the cache."""
+    ctx = b.ctx
+    rows = ctx.get_rows(written, inp.kv_rows)  # f32 [n_embd_kv, n_kv * B]
+    if cache.type != rows.type:
+        rows = ctx.cpy(rows, ctx.new_tensor(cache.type, rows.shape))
+    rows = ctx.reshape(rows, (hd, n_head_kv, inp.n_kv, b.n_seqs))
+    return ctx.permute(rows, 0, 2, 1, 3)
 
 
 def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
@@ -231,28 +251,10 @@ def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
     b.graph.expand(k_written)
     b.graph.expand(v_written)
 
-    q4 = ctx.reshape(q, (hd, n_head, T, B))
-    scale = 1.0 / math.sqrt(hd)
-    slots = inp.slots
-    if all(slots[i] == slots[0] + i for i in range(B)):
-        groups = [(0, B, slots[0])]
-    else:
-        groups = [(i, 1, s) for i, s in enumerate(slots)]
-    outs = []
-    for first, count, slot in groups:
-        qv = q4 if count == B else ctx.view(q4, (hd, n_head, T, count),
-                                            (q4.nb[1], q4.nb[2], q4.nb[3]), first * q4.nb[3])
-        qv = ctx.permute(qv, 0, 2, 1, 3)
-        kv = _kv_view(b, k_written, hd, n_head_kv, inp, slot, count)
-        vv = _kv_view(b, v_written, hd, n_head_kv, inp, slot, count)
-        m = inp.mask if count == B else ctx.view(
-            inp.mask, (inp.n_kv, T, 1, 1), (inp.mask.nb[1], inp.mask.nb[2], inp.mask.nb[3]),
-            first * inp.mask.nb[3])
-        o = ctx.flash_attn_ext(qv, kv, vv, m, scale, f32_acc=True)
-        outs.append(o)  # [hd, H, T, count]
-    o = outs[0]
-    for extra in outs[1:]:
-        o = ctx.concat(o, extra, 3)
+    q4 = ctx.permute(ctx.reshape(q, (hd, n_head, T, B)), 0, 2, 1, 3)
+    kv = _kv_window(b, k_written, k_cache, hd, n_head_kv, inp)
+    vv = _kv_window(b, v_written, v_cache, hd, n_head_kv, inp)
+    o = ctx.flash_attn_ext(q4, kv, vv, inp.mask, 1.0 / math.sqrt(hd), f32_acc=True)
     o = ctx.reshape(o, (hd * n_head, n_tok))
     b.cb(o, "attn_pregate", il)
     o = b.cb(ctx.mul(o, ctx.sigmoid(gate)), "attn_gated", il)

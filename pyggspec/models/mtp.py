@@ -40,7 +40,6 @@ class MtpShape:
     n_seq_tokens: int
     n_seqs: int
     n_kv: int
-    slots: tuple[int, ...]
     n_outputs: int
     device_argmax: bool  # argmax + top probability in the graph (else full logits come back)
     draft_vocab: int = 0  # draft over token ids [0, draft_vocab) only (0: full vocabulary)
@@ -120,7 +119,7 @@ class MtpGraph:
             b = Builder(ctx, graph, hp, w.get, w.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n,), "mtp_tokens")
             self.h = ctx.input("f32", (n_embd, n), "mtp_h_input")
-            self.causal = CausalInputs(ctx, T, B, shape.n_kv, shape.slots, kv.n_ctx, "mtp_")
+            self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_ctx, "mtp_")
             self.out_ids = ctx.input("i32", (shape.n_outputs,), "mtp_out_ids")
             attn_in = self.causal.attn
             e = b.cb(ctx.get_rows(w.embed, self.tokens), "mtp_tok_embd", il)
@@ -225,7 +224,7 @@ class Mtp(GraphRunner):
     def run(self, mb: MtpBatch) -> MtpResult:
         B, T = mb.tokens.shape
         end = int((mb.pos0 + T).max())
-        shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), tuple(mb.slots), len(mb.outputs),
+        shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), len(mb.outputs),
                          self.device_argmax, self.draft_vocab)
         res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s),
                            lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read())

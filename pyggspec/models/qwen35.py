@@ -31,8 +31,7 @@ class UBatchShape:
 
     n_seq_tokens: int
     n_seqs: int
-    n_kv: int
-    slots: tuple[int, ...]
+    n_kv: int  # attended cache window (which slots a batch uses is data, not shape)
     n_outputs: int  # rows of logits wanted (== n_tokens means all)
     hidden: bool  # also read back h_nextn for every token
     n_write: int = 1  # recurrent states written per sequence: 1 (final) or T (snapshots)
@@ -80,7 +79,7 @@ class TargetGraph:
             self.names: dict[str, Tensor] = {}
             b = Builder(ctx, graph, hp, weights.get, weights.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n_tok,), "inp_tokens")
-            self.causal = CausalInputs(ctx, T, B, shape.n_kv, shape.slots, kv.n_ctx)
+            self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_ctx)
             self.src_rows = ctx.input("i32", (B,), "rs_src")
             self.dst_rows = ctx.input("i32", (B * shape.n_write,), "rs_dst")
             attn_in = self.causal.attn
@@ -121,10 +120,13 @@ class TargetGraph:
                 rows_per_seq = shape.n_outputs // B if shape.n_outputs % B == 0 else 1
                 self.sampling = DeviceSampling.build(ctx, graph, self.logits, plan,
                                                      rows_per_seq)
-            self.hidden = None
-            if shape.hidden:
-                self.hidden = h.set_output()
-                graph.expand(h)
+            # h_nextn is an output whether or not this shape reads it: ggml's allocator
+            # reuses the previous graph's layout for a graph of the same structure without
+            # looking at output flags, so two graphs that differ only in reading h_nextn
+            # must not differ in flags either (else h_nextn gets overwritten)
+            h.set_output()
+            graph.expand(h)
+            self.hidden = h if shape.hidden else None
         except BaseException:
             ctx.close()
             raise
@@ -223,8 +225,8 @@ class Target(GraphRunner):
         B, T = ub.tokens.shape
         end = int((ub.pos0 + T).max())
         n_write = 1 if ub.state_dst is None else ub.state_dst.shape[0]
-        return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), tuple(ub.slots),
-                           len(ub.outputs), ub.hidden, n_write, ub.sampling)
+        return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), len(ub.outputs), ub.hidden,
+                           n_write, ub.sampling)
 
     def run(self, ub: UBatch, copy: bool = True) -> StepResult:
         """Evaluate one ubatch. ``copy=False`` returns arrays the next step overwrites.

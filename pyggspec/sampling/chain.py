@@ -69,6 +69,8 @@ class SamplerChain:
         self.params = params
         self.n_vocab = n_vocab
         self.stages = S.resolve_stages(params, n_vocab)
+        self._sig: tuple = ()
+        self._sig_of: tuple | None = None
         seed = params.seed
         if seed == DEFAULT_SEED:
             seed = int.from_bytes(os.urandom(8), "little")
@@ -104,8 +106,16 @@ class SamplerChain:
         return S.RowCtx(hist[-n:] if n > 0 else (), self.key, self.n_sampled + len(prefix),
                         self.n_vocab)
 
+    @property
+    def sig(self) -> tuple:
+        """The chain's structure (what a graph depends on), cached per ``stages`` tuple."""
+        if self._sig_of is not self.stages:
+            self._sig = tuple(s.signature() for s in self.stages)
+            self._sig_of = self.stages
+        return self._sig
+
     def signature(self) -> tuple:
-        return tuple(s.signature() for s in self.stages)
+        return self.sig
 
     def sample(self, logits: np.ndarray, prefix: Sequence[int] = ()) -> int:
         return sample_host(self, logits, prefix)

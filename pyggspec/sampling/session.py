@@ -1,9 +1,11 @@
-"""Samplers of the sequences in one generation: chains, device plans, host finishing.
+"""Samplers of the sequences in the slots: chains, device plans, host finishing.
 
-The engine and the speculative loop speak only to this object: ``plan_id(n_rows)`` gives
-the id of a plan whose device prefix the target graph appends (0 when the whole chain runs
-on the host), ``rows()`` builds the per-row inputs, ``choose()`` finishes a row on the host
-from logits, and ``accept()`` records emitted tokens (one RNG draw each).
+The scheduler and the speculative loop speak only to this object: ``start(slot, prompt,
+params)`` gives a slot its request's chain (each slot its own params), ``plan_id(n_rows,
+rows_per_seq, slots)`` the id of a plan whose device prefix the target graph appends (0
+when the chains run on the host, e.g. when the slots' chains differ in structure),
+``rows()`` builds the per-row inputs, ``choose()`` finishes a row on the host from logits,
+and ``accept()`` records emitted tokens (one RNG draw each).
 
 Plans are registered with the target by structure (``SamplingPlan.key``), so repeated
 generations reuse one plan id and one cached graph. When the device part of a step fails,
@@ -39,29 +41,48 @@ class SequenceSamplers:
         self._register = register_plan
         self.chains: dict[int, SamplerChain] = {}
         self.stats = SamplingStats()
-        self._plans: dict[tuple[int, int], int] = {}
-        self.greedy = params.temp <= 0
+        self._plans: dict[tuple, int] = {}
         self.failed: str | None = None  # why device sampling was given up, if it was
 
-    def start(self, slot: int, prompt: Sequence[int]) -> None:
-        chain = SamplerChain(self.params, self.n_vocab)
+    def start(self, slot: int, prompt: Sequence[int], params: SamplingParams | None = None,
+              ) -> None:
+        """A new chain for ``slot`` (``params`` None: the default params)."""
+        chain = SamplerChain(params or self.params, self.n_vocab)
         chain.accept_prompt(prompt)
         self.chains[slot] = chain
 
-    def plan_id(self, n_rows: int, rows_per_seq: int = 1) -> int:
-        """Plan id for a graph with ``n_rows`` output rows (0: sample on the host)."""
+    def plan_id(self, n_rows: int, rows_per_seq: int = 1,
+                slots: Sequence[int] | None = None) -> int:
+        """Plan id for a graph with ``n_rows`` output rows of the sequences in ``slots``
+        (None: every started chain); 0: sample on the host. Chains of different structure
+        cannot share one graph: their rows are then finished on the host (logged once)."""
         if self.failed is not None:
             return 0
-        key = (n_rows, rows_per_seq)
-        if key not in self._plans:
-            plan = plan_chain(self.params, self.device, self.n_vocab, n_rows,
-                              self.backend_sampling, output_split=self.output_split,
-                              stats=self.stats)
-            self._plans[key] = (self._register(plan, self.stats, self.device_failed)
-                                if plan.n_device else 0)
-            if not self.stats.device_stages and not plan.n_device:
-                self.stats.host_stages = [s.name for s in plan.host_stages]
-        return self._plans[key]
+        chains = self.chains
+        first = chains[slots[0]] if slots else next(iter(chains.values()))
+        sig = first.sig
+        if slots is None:
+            mixed = any(c.sig != sig for c in chains.values())
+        else:
+            mixed = any(chains[s].sig != sig for s in slots)
+        key = (n_rows, rows_per_seq, None if mixed else sig)
+        pid = self._plans.get(key)
+        if pid is None:
+            if mixed:
+                if self.backend_sampling:
+                    self.stats.fallback("sequences in one batch have sampler chains of different "
+                                        "structure")
+                pid = 0
+            else:
+                plan = plan_chain(first.params, self.device, self.n_vocab, n_rows,
+                                  self.backend_sampling, output_split=self.output_split,
+                                  stats=self.stats)
+                pid = (self._register(plan, self.stats, self.device_failed)
+                       if plan.n_device else 0)
+                if not self.stats.device_stages and not plan.n_device:
+                    self.stats.host_stages = [s.name for s in plan.host_stages]
+            self._plans[key] = pid
+        return pid
 
     def device_failed(self, exc: BaseException) -> None:
         """The device part of a step failed (the target redid it with logits): finish every

@@ -85,12 +85,13 @@ class Request:
 # --- what comes back ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Event:
-    """Tokens emitted by one step and the text that became final with them.
+    """One emitted token (``tokens`` has one id; empty for the text released when the
+    request ends) and the text that became final with it.
 
     ``text`` is held back while it could still be the start of a stop string (or an
     incomplete UTF-8 character), so concatenating every event's text gives the result's
-    text exactly. ``tokens`` are the ids as emitted (a token completing a stop string is
-    included; later tokens of the same step are not).
+    text exactly. A token completing a stop string is included; the tokens a speculative
+    step emitted after it are not.
     """
 
     tokens: tuple[int, ...]

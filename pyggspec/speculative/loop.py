@@ -42,11 +42,15 @@ class SpecStats:
     n_mtp_evals: int = 0
     drafted_at: list[int] = field(default_factory=list)  # per draft position
     accepted_at: list[int] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)  # verify steps by draft length k
 
     def record(self, k: int, n: int) -> None:
         while len(self.drafted_at) < k:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
+        while len(self.draft_lengths) <= k:
+            self.draft_lengths.append(0)
+        self.draft_lengths[k] += 1
         for i in range(k):
             self.drafted_at[i] += 1
             if i < n:
@@ -54,6 +58,19 @@ class SpecStats:
         self.n_drafted += k
         self.n_accepted += n
         self.n_steps += 1
+
+    def merge(self, other: SpecStats) -> None:
+        """Add ``other``'s counts (e.g. one request's) into these."""
+        for name in ("drafted_at", "accepted_at", "draft_lengths"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, v in enumerate(theirs):
+                mine[i] += v
+        self.n_drafted += other.n_drafted
+        self.n_accepted += other.n_accepted
+        self.n_steps += other.n_steps
+        self.n_target_evals += other.n_target_evals
+        self.n_mtp_evals += other.n_mtp_evals
 
     @property
     def acceptance(self) -> float:
@@ -72,7 +89,8 @@ class SpecStats:
         return {"type": spec_type, "n_drafted": self.n_drafted, "n_accepted": self.n_accepted,
                 "acceptance": self.acceptance, "per_position": self.per_position,
                 "mean_accepted_length": self.mean_accepted_length, "n_steps": self.n_steps,
-                "n_target_evals": self.n_target_evals, "n_mtp_evals": self.n_mtp_evals}
+                "n_target_evals": self.n_target_evals, "n_mtp_evals": self.n_mtp_evals,
+                "draft_lengths": list(self.draft_lengths)}
 
 
 def emit_room(n_ctx: int, n_held: int, budget: int) -> int:
@@ -104,6 +122,10 @@ class SeqState:
     out: list[int] = field(default_factory=list)
     done: bool = False
     stop_reason: str = "length"
+    spec: bool = True  # speculates (keeps its MTP cache); False: plain rows in a verify batch
+    n_max: int | None = None  # its draft cap (None: the engine's SpecConfig.n_max)
+    is_stop: Callable[[int], bool] | None = None  # its end-of-generation test (None: the step's)
+    stats: SpecStats | None = None  # its own speculation counts, besides the step's
     n_prompt: int = field(init=False)  # prompt tokens: ``pos`` at creation
 
     def __post_init__(self) -> None:
@@ -182,7 +204,8 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
 
     ``samplers`` (:class:`~pyggspec.sampling.session.SequenceSamplers`) chooses the
     target's token at each verify row -- in the graph when its plan has a device prefix
-    (only candidates or ids come back), else on the host from the logits.
+    (only candidates or ids come back), else on the host from the logits. A sequence with
+    ``spec`` off rides along without drafts (one row, padded like the others).
     """
     live = [s for s in seqs if not s.done]
     if not live:
@@ -191,23 +214,29 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     # 1. draft: new pairs into the MTP cache, then up to n_max drafts per sequence
     reqs = []
     for s in live:
+        if not s.spec:
+            continue
         # emitted tokens = accepted drafts + 1, so drafts stop one short of the room
-        k = max(0, min(cfg.n_max, s.room(n_ctx) - 1))
+        cap = cfg.n_max if s.n_max is None else s.n_max
+        k = max(0, min(cap, s.room(n_ctx) - 1))
         reqs.append(DraftRequest(s.slot, s.new_pos0, s.new_tokens, s.new_hidden, k))
     before = drafter.mtp.n_evals
     drafts = drafter.draft(reqs)
-    stats.n_mtp_evals += drafter.mtp.n_evals - before
+    n_mtp = drafter.mtp.n_evals - before
+    stats.n_mtp_evals += n_mtp
+    none: list[int] = []
+    dtoks = [drafts[s.slot].tokens if s.slot in drafts else none for s in live]
 
     # 2. verify: [pending, d1..dk] for every sequence, padded to a common length
-    k_max = max(len(drafts[s.slot].tokens) for s in live)
+    k_max = max(len(d) for d in dtoks)
     B = len(live)
     T = padded_rows(k_max + 1, B)
     tokens = np.zeros((B, T), np.int32)
     for b, s in enumerate(live):
-        d = drafts[s.slot].tokens
-        row = [s.pending, *d]
-        tokens[b, : len(row)] = row
-        tokens[b, len(row):] = row[-1]
+        d = dtoks[b]
+        tokens[b, 0] = s.pending
+        tokens[b, 1:1 + len(d)] = d
+        tokens[b, 1 + len(d):] = d[-1] if d else s.pending
     rs = engine.rs
     src = np.array([rs.row(s.slot) for s in live], np.int32)
     snapshot = engine.rollback == "snapshot"  # resolved by the engine ("auto" -> one mode)
@@ -218,11 +247,12 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     else:
         spare = [rs.spare_planes(s.slot)[0] for s in live]
         dst = np.array([[rs.row(s.slot, spare[b]) for b, s in enumerate(live)]], np.int32)
-    prefixes = [[tuple(tokens[b, 1:1 + i]) for i in range(T)] for b in range(B)]
-    plan = samplers.plan_id(B * T, T)
+    slots = tuple(s.slot for s in live)
+    plan = samplers.plan_id(B * T, T, slots)
+    prefixes = [[tuple(dtoks[b][:i]) for i in range(T)] for b in range(B)] if plan else None
     rows = (samplers.rows([(s.slot, prefixes[b][i]) for b, s in enumerate(live)
                            for i in range(T)]) if plan else None)
-    ub = UBatch(tokens, np.array([s.pos for s in live], np.int64), tuple(s.slot for s in live),
+    ub = UBatch(tokens, np.array([s.pos for s in live], np.int64), slots,
                 np.arange(B * T, dtype=np.int32), hidden=True, state_src=src, state_dst=dst,
                 sampling=plan, rows=rows)
     res = engine.target.run(ub, copy=False)
@@ -234,14 +264,20 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     # 3. accept and roll back each sequence on its own
     replay: dict[int, list[int]] = {}
     for b, s in enumerate(live):
-        d = drafts[s.slot].tokens
+        d = dtoks[b]
         if ids is not None:
             choose = (lambda i, b=b: int(ids[b, i]))
         else:
-            choose = (lambda i, b=b, slot=s.slot: samplers.choose(slot, logits[b, i],
-                                                                  prefixes[b][i]))
-        emitted, n, stopped = accept(d, choose, is_stop)  # len(d) < room: all fit
-        stats.record(len(d), min(n, len(d)))
+            choose = (lambda i, b=b, slot=s.slot, d=d: samplers.choose(
+                slot, logits[b, i], prefixes[b][i] if prefixes is not None else d[:i]))
+        emitted, n, stopped = accept(d, choose, s.is_stop or is_stop)  # len(d) < room
+        if s.spec:
+            stats.record(len(d), min(n, len(d)))
+        if s.stats is not None:
+            s.stats.n_target_evals += 1
+            s.stats.n_mtp_evals += n_mtp if s.spec else 0
+            if s.spec:
+                s.stats.record(len(d), min(n, len(d)))
         pending = s.pending
         s.emit(emitted, samplers)
         engine.kv.lengths[s.slot] = s.pos + n + 1  # pending + n accepted drafts are committed
@@ -256,48 +292,143 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
         else:
             s.settle(n_ctx)
         # next step's MTP pairs: d1..dn and the new pending token, with target rows h_pos..
-        s.new_tokens = [*d[:n], emitted[-1]] if emitted else []
-        s.new_hidden = hidden[b, : n + 1].copy()
-        s.new_pos0 = s.pos + 1
+        if s.spec:
+            s.new_tokens = [*d[:n], emitted[-1]] if emitted else []
+            s.new_hidden = hidden[b, : n + 1].copy()
+            s.new_pos0 = s.pos + 1
         s.pos += n + 1
     if replay:
         for slot, toks in replay.items():
             engine.kv.lengths[slot] -= len(toks)
         engine.decode(replay, logits="last")
         stats.n_target_evals += len({len(t) for t in replay.values()})
+        for s in live:
+            if s.slot in replay and s.stats is not None:
+                s.stats.n_target_evals += 1
+
+
+class PlainStepper:
+    """One token for every live sequence in one ubatch (B x 1), with the host arrays of
+    each batch size kept between steps (the per-step host work is writing B ids, positions
+    and state rows)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self._ubs: dict[int, UBatch] = {}
+
+    def step(self, seqs: list[SeqState], samplers, is_stop: Callable[[int], bool]) -> None:
+        e = self.engine
+        live = [s for s in seqs if not s.done]
+        if not live:
+            return
+        B = len(live)
+        ub = self._ubs.get(B)
+        if ub is None:
+            rows = np.zeros(B, np.int32)
+            ub = self._ubs[B] = UBatch(np.zeros((B, 1), np.int32), np.zeros(B, np.int64), (),
+                                       np.arange(B, dtype=np.int32), state_src=rows,
+                                       state_dst=rows[None, :])
+        tok, pos0, src = ub.tokens, ub.pos0, ub.state_src
+        rs = e.rs
+        for b, s in enumerate(live):
+            tok[b, 0] = s.pending
+            pos0[b] = s.pos
+            src[b] = rs.row(s.slot)
+        ub.slots = tuple(s.slot for s in live)
+        ub.sampling = plan = samplers.plan_id(B, 1, ub.slots)
+        ub.rows = samplers.rows([(s.slot, ()) for s in live]) if plan else None
+        res = e.target.run(ub, copy=False)
+        n_ctx = e.n_ctx
+        for b, s in enumerate(live):
+            s.pos += 1
+            t = (int(res.ids[b]) if res.ids is not None
+                 else samplers.choose(s.slot, res.logits[b]))
+            if (s.is_stop or is_stop)(t):
+                s.done, s.stop_reason = True, "eos"
+                continue
+            s.emit([t], samplers)
+            s.settle(n_ctx)
+            if s.stats is not None:
+                s.stats.n_target_evals += 1
+
+
+@dataclass
+class PromptPart:
+    """A chunk of one sequence's prompt: ``tokens`` at positions ``pos0..``; ``carry`` is
+    the target hidden row of position ``pos0 - 1`` (the MTP pair of its first token; None:
+    zeros, or no MTP upkeep when ``warm`` is False)."""
+
+    slot: int
+    pos0: int
+    tokens: list[int]
+    last: bool  # the prompt ends with this chunk: its last row's logits are wanted
+    warm: bool = False  # write the chunk's pairs into the MTP cache
+    carry: np.ndarray | None = None
+
+
+def prompt_chunk(engine, drafter: MtpDrafter | None, parts: list[PromptPart],
+                 stats: SpecStats | None = None) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
+    """Evaluate one ubatch of prompt chunks (equal lengths) with the target and bring the
+    MTP caches of the ``warm`` parts up to date with the pairs (x_q, h_{q-1}).
+
+    Returns (last-row logits of the parts whose prompt ends here, each warm part's new
+    carry: the hidden row of its last position). Arrays are copies.
+    """
+    T = len(parts[0].tokens)
+    B = len(parts)
+    tokens = np.array([p.tokens for p in parts], np.int32).reshape(B, T)
+    outputs = np.array([b * T + T - 1 for b, p in enumerate(parts) if p.last], np.int32)
+    if outputs.size == 0:
+        outputs = np.array([T - 1], np.int32)  # keep the graph well-formed
+    warm = any(p.warm for p in parts)
+    res = engine.target.run(UBatch(tokens, np.array([p.pos0 for p in parts], np.int64),
+                                   tuple(p.slot for p in parts), outputs, warm), copy=False)
+    if stats is not None:
+        stats.n_target_evals += 1
+    rows = {int(r): i for i, r in enumerate(outputs)}
+    logits = {p.slot: res.logits[rows[b * T + T - 1]].copy() for b, p in enumerate(parts)
+              if p.last}
+    carry: dict[int, np.ndarray] = {}
+    if warm:
+        h = res.hidden.reshape(B, T, -1)
+        reqs = []
+        for b, p in enumerate(parts):
+            if not p.warm:
+                continue
+            first = (p.carry if p.carry is not None
+                     else np.zeros(h.shape[2], np.float32))[None]
+            reqs.append(DraftRequest(p.slot, p.pos0, list(p.tokens),
+                                     np.concatenate([first, h[b, :-1]]), 0))
+            carry[p.slot] = h[b, -1].copy()
+        assert drafter is not None
+        before = drafter.mtp.n_evals
+        drafter.draft(reqs)
+        if stats is not None:
+            stats.n_mtp_evals += drafter.mtp.n_evals - before
+    return logits, carry
 
 
 def prefill(engine, drafter: MtpDrafter, prompts: dict[int, list[int]], stats: SpecStats,
             samplers, is_stop: Callable[[int], bool], max_tokens: int) -> list[SeqState]:
-    """Evaluate the prompts with the target (hidden rows kept), sample each first token and
-    warm the MTP cache with the prompt pairs (x_q, h_{q-1}) -- all but the last pair,
-    which goes with the first draft step."""
-    for slot in prompts:
-        engine.clear(slot)
-    res = engine.decode(prompts, logits="last", hidden=True)
-    stats.n_target_evals += 1
+    """Evaluate whole prompts from empty slots (chunks of ``n_ubatch``, one sequence at a
+    time), sample each first token and warm the MTP cache with the prompt pairs
+    (x_q, h_{q-1}) -- all but the last pair, which goes with the first draft step.
+    The scheduler runs the same :func:`prompt_chunk` interleaved with decoding."""
     seqs: list[SeqState] = []
-    warm: list[DraftRequest] = []
     for slot, ids in prompts.items():
-        P = len(ids)
-        h = res[slot].hidden  # [P, n_embd]: h_0 .. h_{P-1}
-        paired = np.concatenate([np.zeros((1, h.shape[1]), np.float32), h[:-1]])  # h_{q-1}
-        s = SeqState(slot, pos=P, pending=-1, new_tokens=[], new_hidden=h[-1:].copy(),
-                     new_pos0=P, budget=max_tokens)
-        s.first_token(lambda slot=slot: samplers.choose(slot, res[slot].logits[-1]), samplers,
+        engine.clear(slot)
+        carry = None
+        logits = None
+        for start in range(0, len(ids), engine.n_ubatch):
+            part = PromptPart(slot, start, list(ids[start:start + engine.n_ubatch]),
+                              start + engine.n_ubatch >= len(ids), True, carry)
+            lg, c = prompt_chunk(engine, drafter, [part], stats)
+            carry = c[slot]
+            logits = lg.get(slot, logits)
+        s = SeqState(slot, pos=len(ids), pending=-1, new_tokens=[], new_hidden=carry[None],
+                     new_pos0=len(ids), budget=max_tokens)
+        s.first_token(lambda slot=slot, lg=logits: samplers.choose(slot, lg), samplers,
                       is_stop, engine.n_ctx)
         s.new_tokens = [s.pending]
         seqs.append(s)
-        if not s.done:
-            warm.append(DraftRequest(slot, 0, list(ids), paired, 0))
-    # warm the MTP cache in chunks of at most n_ubatch rows per sequence
-    chunk = engine.n_ubatch
-    longest = max((len(r.tokens) for r in warm), default=0)
-    before = drafter.mtp.n_evals
-    for start in range(0, longest, chunk):
-        part = [DraftRequest(r.slot, start, r.tokens[start:start + chunk],
-                             r.hidden[start:start + chunk], 0)
-                for r in warm if start < len(r.tokens)]
-        drafter.draft(part)
-    stats.n_mtp_evals += drafter.mtp.n_evals - before
     return seqs
