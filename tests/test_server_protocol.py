@@ -32,6 +32,7 @@ def err(fn, *a, **kw) -> ApiError:
 @pytest.mark.parametrize("raw, what", [
     (b"", "empty"), (b"{", "not valid JSON"), (b"[1, 2]", "must be a JSON object"),
     (b"\xff\xfe", "not UTF-8"), (b"null", "must be a JSON object"),
+    (b'{"prompt": "\\udc00"}', "unpaired surrogate"),
 ])
 def test_bad_bodies_are_400_with_a_reason(raw, what):
     e = err(parse_body, raw)

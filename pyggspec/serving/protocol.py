@@ -80,6 +80,11 @@ def parse_body(raw: bytes) -> dict[str, Any]:
                       f"column {e.colno}") from None
     if not isinstance(body, dict):
         raise invalid(f"the request body must be a JSON object, got {_kind(body)}")
+    try:  # JSON may escape lone surrogates (\ud800) that no tokenizer can take
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("the request holds a string with an unpaired surrogate (\\ud800-"
+                      "\\udfff escape); it is not valid Unicode") from None
     return body
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -145,7 +146,7 @@ class ServerState:
                 "frequency_penalty": s.frequency_penalty, "seed": s.seed,
                 "samplers": list(s.samplers), "stop": list(gen.stop),
                 "ignore_eos": gen.ignore_eos, "stream": gen.stream,
-                "logit_bias": [list(b) for b in s.logit_bias],
+                "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.logit_bias],
                 "speculative.n_max": self.n_max}
 
     async def submit(self, ids: list[int], gen: GenParams, rid: str,
@@ -359,11 +360,6 @@ def _install_errors(app: FastAPI, state: ServerState) -> None:
                if e.status_code == 405 else str(e.detail))
         return _error_response(ApiError(e.status_code, msg))
 
-    @app.exception_handler(Exception)
-    async def internal(request: Request, e: Exception) -> JSONResponse:
-        # a bug in pyggspec: one line in the log and an error body, never a traceback page
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        return _error_response(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
 
 
 class _Gate:
@@ -389,7 +385,7 @@ class _Gate:
                 self.state.metrics.count_request("unauthorized", 401)
                 await _error_response(ApiError(401, "Invalid API Key"))(scope, receive, send)
                 return
-        status = [500]
+        status = [0]
 
         async def send_status(message: Any) -> None:
             if message["type"] == "http.response.start":
@@ -398,6 +394,15 @@ class _Gate:
 
         try:
             await self.app(scope, receive, send_status)
+        except Exception as e:
+            # a bug in pyggspec: logged, answered with an error body while the response has
+            # not started, and the connection stays usable (never re-raised to uvicorn)
+            log.exception("internal error on %s %s", scope.get("method"), scope["path"])
+            if status[0]:
+                return  # mid-stream: the client sees the stream end early
+            status[0] = 500
+            err = ApiError(500, f"internal error: {type(e).__name__}: {e}")
+            await _error_response(err)(scope, receive, send)
         finally:
             route = scope.get("route")
             self.state.metrics.count_request(getattr(route, "path", "unmatched"), status[0])
