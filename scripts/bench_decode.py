@@ -17,80 +17,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build")) / "bin"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
-
-
-def tool(name: str) -> Path:
-    p = TOOLS / name
-    if not p.exists():
-        sys.exit(f"bench_decode: {p} not found; run scripts/build_llamacpp_tools.sh first")
-    return p
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import LlamaServer, bench_model, bench_prompt, run_child
 
 
 def quantized_models(types: list[str]) -> dict[str, Path]:
-    """The F16 0.8B-shaped model (generated once) quantized by llama-quantize per type."""
-    from pyggspec.testing import cached_model, qwen35_0_8b
-
-    src = cached_model(qwen35_0_8b(dtype="f16", agreement=0.95), CACHE)
-    out = {}
-    for t in types:
-        dst = src.with_name(src.name.replace("-F16", f"-{t}"))
-        if not dst.exists():
-            print(f"quantizing {src.name} -> {t}", file=sys.stderr)
-            tmp = dst.with_suffix(".tmp")
-            subprocess.run([str(tool("llama-quantize")), str(src), str(tmp), t, "2"],
-                           check=True, capture_output=True)
-            tmp.rename(dst)
-        out[t] = dst
-    return out
+    """The F16 0.8B-shaped model (~0.95 agreement) quantized by llama-quantize per type."""
+    return {t: bench_model(0.95, t) for t in types}
 
 
 def run_llama_server(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
     """One request to a fresh llama-server (the speed reference, DESIGN §6): the prompt's
-    and the generation's tokens/s from its ``timings``; the server is stopped afterwards so
-    that only one engine uses the cores at a time."""
-    import socket
-    import urllib.request
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [str(tool("llama-server")), "-m", str(path), "-t", str(threads), "-c",
-           str(n_prompt + n_gen + 16), "-np", "1", "--host", "127.0.0.1", "--port", str(port)]
+    and the generation's tokens/s from its ``timings``."""
+    flags = ["-t", str(threads), "-c", str(n_prompt + n_gen + 16), "-np", "1"]
     if not repack:
-        cmd.append("--no-repack")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        rng = np.random.default_rng(0)
-        prompt = [int(t) for t in rng.integers(300, 5000, size=n_prompt)]
-        body = json.dumps({"prompt": prompt, "n_predict": n_gen, "ignore_eos": True,
-                           "temperature": 0, "cache_prompt": False}).encode()
-        req = urllib.request.Request(base + "/completion", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            t = json.loads(r.read())["timings"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        flags.append("--no-repack")
+    prompt = bench_prompt(n_prompt, path)
+    with LlamaServer(path, flags) as srv:
+        t = srv.complete(prompt, n_gen)["timings"]
     return {"prefill_tps": float(t["prompt_per_second"]),
             "decode_tps": float(t["predicted_per_second"])}
 
@@ -98,12 +47,11 @@ def run_llama_server(path: Path, n_prompt: int, n_gen: int, threads: int, repack
 def run_pyggspec(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
     """In a child process, like llama-bench (its memory and threads gone afterwards)."""
     code = f"""
-import json, statistics, time, numpy as np
+import json, statistics, time
 from pyggspec.engine import Engine
-rng = np.random.default_rng(0)
 with Engine({str(path)!r}, n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, n_batch={n_prompt},
             n_ubatch={n_prompt}, load_tokenizer=False, progress=False, repack={repack}) as e:
-    prompt = [int(t) for t in rng.integers(300, 5000, size={n_prompt})]
+    prompt = {bench_prompt(n_prompt, path)!r}
     e.decode({{0: prompt[:8]}}); e.clear(0)                       # warm-up, like llama-bench
     t0 = time.perf_counter(); lg = e.decode({{0: prompt}})[0].logits; t1 = time.perf_counter()
     py = []
@@ -117,8 +65,7 @@ with Engine({str(path)!r}, n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, n_
                       "python_ms": statistics.median(py),
                       "repacked": len(e.weights.repacked())}}))
 """
-    r = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(code)
 
 
 def main() -> int:

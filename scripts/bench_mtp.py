@@ -1,182 +1,199 @@
 #!/usr/bin/env python3
-"""MTP speculative decoding benchmark: pyggspec vs llama.cpp on the same GGUF.
+"""MTP speculative decoding: pyggspec vs llama-server on the same GGUF, paired per request.
 
-For each constructed-agreement model (0.8B-shaped, q8_0, generated once) and each
---spec-draft-n-max, every speculative run is paired with a plain run just before it (these
-VMs drift), for both engines:
+For each constructed-agreement model (0.8B-shaped, real 248,320-token vocabulary; generated
+once in F16 and quantized with llama.cpp's llama-quantize) and each ``--parallel``, every
+repetition runs, one engine at a time and in alternating order:
 
-  pyggspec   plain  = Engine.generate, spec = Engine(spec_type="draft-mtp")
-  llama.cpp  plain  = llama-completion, spec = llama-speculative-simple --spec-type draft-mtp
-             (built from the same llama.cpp source by scripts/build_llamacpp_tools.sh;
-              weight repacking off, as DESIGN §10 requires)
+  llama-server  plain, and --spec-type draft-mtp --spec-draft-n-max N for each N
+                (default repacking, and with --no-repack unless --llama-repack on)
+  pyggspec      plain, its default speculation, and fixed --spec-draft-n-max N for each N
 
-Prints a table of tokens/s, speed-ups (spec / plain of the same engine), acceptance, and
-pyggspec spec vs llama.cpp spec; then one JSON line.
+each as a fresh process doing the same greedy requests (``--parallel`` concurrent ones:
+tokens/s is then the aggregate). Speed-ups are spec / plain of the same engine in the
+same repetition; "vs llama" ratios divide by llama-server's best N (and by its plain run).
+Every speculative output is checked against the same engine's plain output.
 
-    python3 scripts/bench_mtp.py --agreement 0.95 0.7 --n-max 1 2 3 4 -n 128 -t 2
+    scripts/build_llamacpp_tools.sh llama-server llama-quantize      # once
+    python3 scripts/bench_mtp.py                                      # the full table
+    python3 scripts/bench_mtp.py --agreement 0.95 --types Q8_0 --n-max 2 3 --reps 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PROMPT = "Speculative decoding drafts several tokens and verifies them in one batch."
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import LlamaServer, bench_model, run_child
+
+from pyggspec.modelfile import open_model
+
+N_PROMPT = 32
 
 
-def model_for(agreement: float, dtype: str) -> Path:
-    from pyggspec.testing import cached_model, qwen35_0_8b
-
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
-    return cached_model(qwen35_0_8b(dtype=dtype, agreement=agreement), cache)
-
-
-def llamacpp_bin(name: str) -> Path | None:
-    build = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build"))
-    p = build / "bin" / name
-    return p if p.exists() else None
+def prompts(n: int, n_vocab: int = 248320) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    hi = min(5000, n_vocab)
+    return [[int(t) for t in rng.integers(hi // 16, hi, size=N_PROMPT)] for _ in range(n)]
 
 
-def run_ours(path: Path, n: int, threads: int, n_max: int | None, draft_vocab: int = 0) -> dict:
-    from pyggspec.engine import Engine
-    from pyggspec.speculative.loop import SpecConfig
-
-    kw = {}
+def run_llama(path: Path, args: argparse.Namespace, P: int, n_max: int, repack: bool) -> dict:
+    flags = ["-t", str(args.threads), "-c", str(args.ctx * P), "-np", str(P)]
     if n_max:
-        kw = {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=n_max, rollback="snapshot",
-                                                            draft_vocab=draft_vocab)}
-    with Engine(path, n_ctx=1024, n_threads=threads, **kw) as e:
-        ids = e.tokenize(PROMPT)
-        r = e.generate_batch([ids], max_tokens=n, ignore_eos=True)[0]
-        t = r.timings.to_dict()
-        out = {"tps": t["predicted_per_second"], "tokens": r.tokens,
-               "python_ms": t["python_ms_per_step"]}
-        if n_max:
-            out["accept"] = e.stats.acceptance
-            out["target_evals"] = e.stats.n_target_evals
+        flags += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
+    if not repack:
+        flags.append("--no-repack")
+    with LlamaServer(path, flags) as srv:
+        srv.complete(prompts(1, args.n_vocab)[0][:8], 4)  # warm-up, as our engine warms its graphs
+        res, wall = srv.complete_many(prompts(P, args.n_vocab), args.n)
+    tim = [r["timings"] for r in res]
+    n_gen = sum(t["predicted_n"] for t in tim)
+    out = {"tokens": [r.get("tokens", []) for r in res],
+           "tps": n_gen / wall if P > 1 else tim[0]["predicted_per_second"]}
+    drafted = sum(t.get("draft_n", 0) for t in tim)
+    if n_max and drafted:
+        out["accept"] = sum(t.get("draft_n_accepted", 0) for t in tim) / drafted
     return out
 
 
-def run_llamacpp(path: Path, n: int, threads: int, n_max: int | None) -> dict | None:
-    common = ["-m", str(path), "-p", PROMPT, "-n", str(n), "-t", str(threads), "-tb",
-              str(threads), "--temp", "0", "--top-k", "1", "--seed", "1", "-c", "1024",
-              "--no-repack", "--ignore-eos", "-no-cnv"]
-    if n_max:
-        exe = llamacpp_bin("llama-speculative-simple")
-        if exe is None:
-            return None
-        cmd = [str(exe), *common, "--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
-        cmd.remove("-no-cnv")
-    else:
-        exe = llamacpp_bin("llama-completion")
-        if exe is None:
-            return None
-        cmd = [str(exe), *common]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
-    log = p.stdout + p.stderr
-    if p.returncode != 0:
-        raise RuntimeError(f"{exe.name} failed ({p.returncode}):\n{log[-2000:]}")
-    if n_max:
-        m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", log)
-        acc = re.search(r"accept\s+=\s+([\d.]+)%", log)
-        return {"tps": int(m.group(1)) / float(m.group(2)),
-                "accept": float(acc.group(1)) / 100 if acc else None}
-    m = re.search(r"eval time =\s+([\d.]+) ms /\s+(\d+) runs", log)
-    return {"tps": int(m.group(2)) / (float(m.group(1)) / 1000)}
+def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
+             spec: bool) -> dict:
+    """``spec`` with ``n_max`` None: pyggspec's default speculation."""
+    kw = ""
+    if spec:
+        cfg = f"SpecConfig(n_max={n_max})" if n_max else "SpecConfig()"
+        kw = f", spec_type='draft-mtp', spec={cfg}"
+    code = f"""
+import json, time
+from pyggspec.engine import Engine
+from pyggspec.speculative.loop import SpecConfig
+prompts = {prompts(P, args.n_vocab)!r}
+with Engine({str(path)!r}, n_ctx={args.ctx}, n_parallel={P}, n_threads={args.threads},
+            load_tokenizer=False, progress=False{kw}) as e:
+    e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)  # warm-up
+    t0 = time.perf_counter()
+    res = e.generate_batch(prompts, max_tokens={args.n}, ignore_eos=True)
+    wall = time.perf_counter() - t0
+    t = res[0].timings.to_dict()
+    out = {{"tokens": [r.tokens for r in res], "python_ms": t["python_ms_per_step"],
+           "tps": t["predicted_per_second"] if {P} == 1 else
+                  sum(len(r.tokens) for r in res) / wall}}
+    if e.spec_type:
+        out["accept"] = e.stats.acceptance
+        out["mean_len"] = e.stats.mean_accepted_length
+        out["stats"] = e.stats.to_dict()
+    print(json.dumps(out))
+"""
+    return run_child(code)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", type=Path, help="benchmark this GGUF instead")
     ap.add_argument("--agreement", type=float, nargs="+", default=[0.95, 0.7])
+    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_K_M"])
     ap.add_argument("--n-max", type=int, nargs="+", default=[1, 2, 3, 4])
-    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--parallel", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("-n", type=int, default=128, help="tokens per request")
+    ap.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--dtype", default="q8_0")
-    ap.add_argument("--draft-vocab", type=int, default=32768,
-                    help="also measure pyggspec with --spec-draft-vocab N (0: skip)")
+    ap.add_argument("--llama-repack", choices=["both", "on", "off"], default="both")
+    ap.add_argument("--no-ours-fixed", action="store_true",
+                    help="skip pyggspec at fixed n_max (only plain and its default)")
     args = ap.parse_args()
-    if llamacpp_bin("llama-speculative-simple") is None:
-        print("note: llama.cpp tools not built (scripts/build_llamacpp_tools.sh); only "
-              "pyggspec is measured", file=sys.stderr)
-    rows = []
-    for agr in args.agreement:
-        path = model_for(agr, args.dtype)
-        for n_max in args.n_max:
-            rec: dict = {"agreement": agr, "n_max": n_max}
-            samples: dict[str, list] = {"ours_plain": [], "ours_spec": [], "ours_spec_dv": [],
-                                        "lc_plain": [], "lc_spec": []}
-            dv = args.draft_vocab
+    repacks = {"both": [True, False], "on": [True], "off": [False]}[args.llama_repack]
 
-            def ours_dv(p, n, t, nm, dv=dv):
-                return run_ours(p, n, t, nm, dv) if dv else None
-
-            for _ in range(args.reps):
-                for key, fn, nm in (("ours_plain", run_ours, None), ("ours_spec", run_ours, n_max),
-                                    ("ours_spec_dv", ours_dv, n_max),
-                                    ("lc_plain", run_llamacpp, None),
-                                    ("lc_spec", run_llamacpp, n_max)):
+    table = []
+    models = ([(0.0, args.model.name, args.model)] if args.model else
+              [(a, qt, None) for a in args.agreement for qt in args.types])
+    # (name, engine, n_max, spec or repack)
+    runs: list[tuple[str, str, int | None, bool]] = [("ours plain", "ours", None, False),
+                                                     ("ours default", "ours", None, True)]
+    if not args.no_ours_fixed:
+        runs += [(f"ours n={k}", "ours", k, True) for k in args.n_max]
+    for rp in repacks:
+        tag = "" if rp else " -nr"
+        runs += [(f"llama plain{tag}", "llama", 0, rp)]
+        runs += [(f"llama n={k}{tag}", "llama", k, rp) for k in args.n_max]
+    for agr, qt, given in models:
+        path = given or bench_model(agr, qt)
+        with open_model(path) as m:
+            args.n_vocab = m.trunk.n_vocab
+        for P in args.parallel:
+            reps: list[dict[str, dict]] = []
+            for rep in range(args.reps):
+                got: dict[str, dict] = {}
+                for name, engine, n_max, flag in (runs if rep % 2 == 0 else runs[::-1]):
                     t0 = time.monotonic()
-                    r = fn(path, args.n, args.threads, nm)
-                    if r is not None:
-                        samples[key].append(r)
-                        print(f"agreement {agr} n_max {n_max} {key:10s} {r['tps']:7.2f} t/s "
-                              f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
-            for key, vals in samples.items():
-                if vals:
-                    rec[key] = statistics.median(v["tps"] for v in vals)
-            if samples["ours_spec"]:
-                rec["ours_accept"] = samples["ours_spec"][0]["accept"]
-                rec["lossless"] = samples["ours_spec"][0]["tokens"] == \
-                    samples["ours_plain"][0]["tokens"]
-                rec["ours_speedup"] = statistics.median(
-                    s["tps"] / p["tps"] for s, p in zip(samples["ours_spec"],
-                                                        samples["ours_plain"]))
-            if samples["ours_spec_dv"]:
-                rec["ours_dv_accept"] = samples["ours_spec_dv"][0]["accept"]
-                rec["lossless_dv"] = samples["ours_spec_dv"][0]["tokens"] == \
-                    samples["ours_plain"][0]["tokens"]
-                rec["ours_dv_speedup"] = statistics.median(
-                    s["tps"] / p["tps"] for s, p in zip(samples["ours_spec_dv"],
-                                                        samples["ours_plain"]))
-            if samples["lc_spec"] and samples["lc_plain"]:
-                rec["lc_accept"] = samples["lc_spec"][0]["accept"]
-                rec["lc_speedup"] = statistics.median(
-                    s["tps"] / p["tps"] for s, p in zip(samples["lc_spec"], samples["lc_plain"]))
-                rec["spec_vs_llamacpp"] = rec["ours_spec"] / rec["lc_spec"]
-                if "ours_spec_dv" in rec:
-                    rec["spec_dv_vs_llamacpp"] = rec["ours_spec_dv"] / rec["lc_spec"]
-                rec["plain_vs_llamacpp"] = rec["ours_plain"] / rec["lc_plain"]
-            rows.append(rec)
-    print(f"\n{args.n} greedy tokens, {args.threads} threads, {args.dtype}, medians of "
-          f"{args.reps} paired rep(s); speed-up = spec / plain of the same engine")
-    hdr = (f"{'agree':>5} {'n_max':>5} | {'ours plain':>10} {'ours spec':>9} {'x':>5} "
-           f"{'acc':>5} {'spec dv':>7} {'x':>5} | {'lc plain':>8} {'lc spec':>7} {'x':>5} "
-           f"{'acc':>5} | {'spec/lc':>7} {'dv/lc':>6} {'plain/lc':>8}")
-    print(hdr)
-    print("-" * len(hdr))
-
-    def f(v, w, p=2):
-        return f"{v:{w}.{p}f}" if isinstance(v, float) else f"{'-':>{w}}"
-
-    for r in rows:
-        print(f"{r['agreement']:5.2f} {r['n_max']:5d} | {f(r.get('ours_plain'), 10)} "
-              f"{f(r.get('ours_spec'), 9)} {f(r.get('ours_speedup'), 5)} "
-              f"{f(r.get('ours_accept'), 5)} {f(r.get('ours_spec_dv'), 7)} "
-              f"{f(r.get('ours_dv_speedup'), 5)} | {f(r.get('lc_plain'), 8)} "
-              f"{f(r.get('lc_spec'), 7)} {f(r.get('lc_speedup'), 5)} "
-              f"{f(r.get('lc_accept'), 5)} | {f(r.get('spec_vs_llamacpp'), 7, 3)} "
-              f"{f(r.get('spec_dv_vs_llamacpp'), 6, 3)} {f(r.get('plain_vs_llamacpp'), 8, 3)}")
-    print(json.dumps({"bench": "spec", "n": args.n, "threads": args.threads, "rows": rows}))
+                    got[name] = (run_ours(path, args, P, n_max, flag) if engine == "ours"
+                                 else run_llama(path, args, P, n_max or 0, flag))
+                    print(f"{agr} {qt} np{P} rep {rep} {name:16s} {got[name]['tps']:7.2f} t/s "
+                          f" accept {got[name].get('accept', float('nan')):.3f} "
+                          f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+                reps.append(got)
+            table.append(summarize(agr, qt, P, reps, repacks))
+    print_table(table, args)
     return 0
+
+
+def summarize(agr: float, qt: str, P: int, reps: list[dict[str, dict]],
+              repacks: list[bool]) -> dict:
+    names = list(reps[0])
+
+    def med(name: str) -> float:
+        return statistics.median(r[name]["tps"] for r in reps)
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(r[a]["tps"] / r[b]["tps"] for r in reps)
+
+    row: dict = {"agreement": agr, "type": qt, "parallel": P,
+                 "tps": {n: round(med(n), 3) for n in names},
+                 "accept": {n: round(reps[0][n]["accept"], 4) for n in names
+                            if "accept" in reps[0][n]}}
+    # lossless: every speculative output equals the same engine's plain output
+    row["identical"] = all(
+        r[n]["tokens"] == r["ours plain" if n.startswith("ours") else
+                            "llama plain" + (" -nr" if n.endswith("-nr") else "")]["tokens"]
+        for r in reps for n in names if "plain" not in n)
+    row["ours_speedup"] = {n: round(paired(n, "ours plain"), 3) for n in names
+                           if n.startswith("ours") and n != "ours plain"}
+    for rp in repacks:
+        tag = "" if rp else " -nr"
+        spec = [n for n in names if n.startswith("llama n=") and n.endswith("-nr") == (not rp)]
+        best = max(spec, key=med)
+        key = "llama" + tag.replace(" ", "_")
+        row[f"{key}_best"] = best
+        row[f"{key}_speedup"] = round(paired(best, "llama plain" + tag), 3)
+        row[f"default_vs_{key}_best"] = round(paired("ours default", best), 3)
+        row[f"plain_vs_{key}_plain"] = round(paired("ours plain", "llama plain" + tag), 3)
+    return row
+
+
+def print_table(table: list[dict], args: argparse.Namespace) -> None:
+    print(f"\n{args.n} greedy tokens per request, {args.threads} threads, -c {args.ctx}, "
+          f"{args.reps} paired rep(s); x = spec / plain of the same engine")
+    for r in table:
+        print(f"\nagreement {r['agreement']} {r['type']} --parallel {r['parallel']}: "
+              f"outputs identical to plain: {r['identical']}")
+        for n, v in r["tps"].items():
+            sp = r["ours_speedup"].get(n)
+            print(f"  {n:18s} {v:8.2f} t/s" + (f"  x{sp:.3f}" if sp else "")
+                  + (f"  accept {r['accept'][n]:.3f}" if n in r["accept"] else ""))
+        for key in ("llama", "llama_-nr"):
+            if f"{key}_best" in r:
+                print(f"  ours default / {r[key + '_best']}: {r['default_vs_' + key + '_best']:.3f}"
+                      f"   (llama x{r[key + '_speedup']:.3f};  ours plain / llama plain "
+                      f"{r['plain_vs_' + key + '_plain']:.3f})")
+    print(json.dumps({"bench": "mtp", "n": args.n, "threads": args.threads, "reps": args.reps,
+                      "rows": table}))
 
 
 if __name__ == "__main__":

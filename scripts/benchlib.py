@@ -1,0 +1,145 @@
+"""What the benchmarks share: llama.cpp's tools, the 0.8B-shaped models, a llama-server run.
+
+The reference is llama-server built from the vendored llama.cpp without AMX
+(``scripts/build_llamacpp_tools.sh``), one fresh server per configuration, started and
+stopped around its requests so that only one engine uses the cores at a time (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from typing_extensions import Self
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build")) / "bin"
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
+
+
+def tool(name: str) -> Path:
+    p = TOOLS / name
+    if not p.exists():
+        sys.exit(f"{p} not found; run scripts/build_llamacpp_tools.sh first")
+    return p
+
+
+def bench_model(agreement: float, qtype: str) -> Path:
+    """The 0.8B-shaped constructed-agreement model (generated once in F16) quantized by
+    llama.cpp's own llama-quantize to ``qtype`` (F16: as generated)."""
+    from pyggspec.testing import cached_model, qwen35_0_8b
+
+    src = cached_model(qwen35_0_8b(dtype="f16", agreement=agreement), CACHE)
+    if qtype.upper() == "F16":
+        return src
+    dst = src.with_name(src.name.replace("-F16", f"-{qtype}"))
+    if not dst.exists():
+        print(f"quantizing {src.name} -> {qtype}", file=sys.stderr)
+        tmp = dst.with_suffix(".tmp")
+        subprocess.run([str(tool("llama-quantize")), str(src), str(tmp), qtype, "2"],
+                       check=True, capture_output=True)
+        tmp.rename(dst)
+    return dst
+
+
+def bench_prompt(n: int, path: Path, seed: int = 0) -> list[int]:
+    """``n`` seeded token ids inside the model's vocabulary (the same for both engines)."""
+    import numpy as np
+
+    from pyggspec.modelfile import open_model
+
+    with open_model(path) as m:
+        hi = min(5000, m.trunk.n_vocab)
+    return [int(t) for t in np.random.default_rng(seed).integers(hi // 16, hi, size=n)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict, timeout: float = 1800) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+class LlamaServer:
+    """``with LlamaServer(model, flags) as srv: srv.complete(...)``: a fresh llama-server
+    on a free loopback port, gone when the block ends."""
+
+    def __init__(self, model: Path, flags: list[str]) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.cmd = [str(tool("llama-server")), "-m", str(model), "--host", "127.0.0.1",
+                    "--port", str(self.port), *flags]
+
+    def __enter__(self) -> Self:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): "
+                                   f"{self.proc.stderr.read()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("llama-server did not become healthy")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def complete(self, prompt: list[int], n_predict: int, **kw) -> dict:
+        """One greedy /completion; its ``timings`` and the generated token ids."""
+        body = {"prompt": prompt, "n_predict": n_predict, "ignore_eos": True,
+                "temperature": 0, "cache_prompt": False, "return_tokens": True, **kw}
+        return post(self.base + "/completion", body)
+
+    def complete_many(self, prompts: list[list[int]], n_predict: int) -> tuple[list[dict], float]:
+        """The prompts as concurrent requests; their responses and the wall time."""
+        out: list[dict | None] = [None] * len(prompts)
+        errors: list[BaseException] = []
+
+        def one(i: int) -> None:
+            try:
+                out[i] = self.complete(prompts[i], n_predict)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        return [o for o in out if o is not None], wall
+
+
+def run_child(code: str) -> dict:
+    """Run ``code`` in a fresh Python (its threads and memory gone afterwards, like a
+    server process); it prints one JSON line last."""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"child failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
