@@ -74,6 +74,12 @@ from pyggspec.sampling import SamplingOptions, sampling_options
               default="f16", show_default=True)
 @click.option("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", "mtp_type_v",
               default="f16", show_default=True)
+@click.option("-ctxcp", "--ctx-checkpoints", "ctx_checkpoints", type=click.IntRange(min=0),
+              default=4, show_default=True,
+              help="Recurrent-state checkpoints kept per slot for prompt reuse (host memory).")
+@click.option("-cms", "--checkpoint-min-step", "checkpoint_min_step",
+              type=click.IntRange(min=1), default=512, show_default=True,
+              help="Prompt tokens between two checkpoints.")
 @click.option("--jinja/--no-jinja", "jinja", default=True, show_default=True,
               help="Render the GGUF's chat template with Jinja (--no-jinja: llama.cpp's "
                    "built-in template matcher).")
@@ -89,7 +95,7 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
           overrides: tuple[str, ...], cpu_moe: bool, type_k: str, type_v: str, rpc: str | None,
           no_mmap: bool, no_repack: bool, spec_type: str, draft_model: Path | None, n_max: int,
           n_min: int, p_min: float, draft_vocab: int, rollback: str, mtp_type_k: str,
-          mtp_type_v: str, jinja: bool, chat_template_file: Path | None, log_level: str,
+          mtp_type_v: str, ctx_checkpoints: int, checkpoint_min_step: int, jinja: bool, chat_template_file: Path | None, log_level: str,
           sampling: SamplingOptions) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
@@ -136,7 +142,8 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
                     spec_type=spec_type, spec=spec, mtp_type_k=mtp_type_k,
                     mtp_type_v=mtp_type_v,
                     draft_backend_sampling=sampling.draft_backend_sampling,
-                    sampling=sampling.params, backend_sampling=sampling.backend_sampling)
+                    sampling=sampling.params, backend_sampling=sampling.backend_sampling,
+                    ctx_checkpoints=ctx_checkpoints, checkpoint_min_step=checkpoint_min_step)
     with engine:
         name = alias or (f"{model.name} (synthetic demo)" if synthetic else model.name)
         config = ServerConfig(model_id=name, model_path=str(model), api_key=api_key,
