@@ -232,6 +232,10 @@ def test_stop_strings_and_speculation_off(http):
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 12,
         "temperature": 0}).json()
     assert chat["choices"][0]["message"] == spec["choices"][0]["message"]  # lossless
+    one = http.post("/completion", json={**body, "speculative.n_max": 1}).json()
+    assert one["content"] == text and one["timings"]["draft_n"] <= one["tokens_predicted"]
+    r = http.post("/completion", json={**body, "speculative.n_max": 9})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.n_max"
 
 
 def test_tokenize_detokenize_health_props_slots(http):

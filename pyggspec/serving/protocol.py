@@ -247,6 +247,7 @@ class GenParams:
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     speculative: bool | None = None  # None: the server's setting
+    n_draft_max: int | None = None  # "speculative.n_max": fewer drafts per step than -n-max
     return_tokens: bool = False
     echo: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
@@ -310,7 +311,11 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
     spec = body.get("speculative")
     if spec is not None and not isinstance(spec, bool):
         raise invalid(f"'speculative' must be a boolean, got {_kind(spec)}", "speculative")
+    n_draft = get_int(body, "speculative.n_max", None)
+    if n_draft is not None and n_draft < 0:
+        raise invalid(f"'speculative.n_max' must be >= 0, got {n_draft}", "speculative.n_max")
     return GenParams(
+        n_draft_max=n_draft,
         sampling=parse_sampling(body, defaults, n_vocab),
         max_tokens=parse_max_tokens(body, default_max_tokens),
         stop=parse_stop(body),

@@ -153,9 +153,13 @@ class ServerState:
                      cache_prompt: bool = True) -> RequestHandle:
         """Queue the request (off the event loop: submit may wait for the scheduler's lock
         while a step runs); scheduler refusals become HTTP errors."""
+        if gen.n_draft_max is not None and gen.n_draft_max > self.n_max:
+            raise invalid(f"'speculative.n_max' must be at most the server's "
+                          f"--spec-draft-n-max ({self.n_max}), got {gen.n_draft_max}",
+                          "speculative.n_max")
         req = GenRequest(prompt=ids, max_tokens=gen.max_tokens, sampling=gen.sampling,
                          stop=gen.stop, ignore_eos=gen.ignore_eos, speculative=gen.speculative,
-                         cache_prompt=cache_prompt, id=rid)
+                         n_draft_max=gen.n_draft_max, cache_prompt=cache_prompt, id=rid)
         try:
             return await asyncio.to_thread(self.scheduler.submit, req)
         except RequestError as e:
