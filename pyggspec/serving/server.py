@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -63,6 +63,10 @@ from pyggspec.serving.request import (
     SchedulerClosed,
 )
 from pyggspec.serving.request import Request as GenRequest
+from pyggspec.serving.scheduler import Scheduler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyggspec.engine import Engine
 
 log = logging.getLogger("pyggspec.serve")
 
@@ -294,8 +298,8 @@ def _stream(state: ServerState, handle: RequestHandle, t_start: float,
 
 
 # ---------------------------------------------------------------------------- the app
-def create_app(target: Any, config: ServerConfig | None = None, *, max_queue: int | None = None,
-               manage_scheduler: bool = True) -> FastAPI:
+def create_app(target: Engine | Scheduler, config: ServerConfig | None = None, *,
+               max_queue: int | None = None, manage_scheduler: bool = True) -> FastAPI:
     """The ASGI app over an :class:`~pyggspec.engine.Engine` or its
     :class:`~pyggspec.serving.scheduler.Scheduler`.
 
@@ -307,9 +311,8 @@ def create_app(target: Any, config: ServerConfig | None = None, *, max_queue: in
     if max_queue is not None:
         scheduler.max_queue = max_queue
     if config is None:
-        path = str(getattr(getattr(scheduler.engine, "model", None), "trunk", None) and
-                   scheduler.engine.model.trunk.path or "model")
-        config = ServerConfig(model_id=Path(path).name, model_path=path,
+        path = Path(scheduler.engine.model.trunk.path)
+        config = ServerConfig(model_id=path.name, model_path=str(path),
                               sampling=scheduler.engine.sampling)
     state = ServerState(scheduler, config)
 
@@ -335,15 +338,9 @@ def create_app(target: Any, config: ServerConfig | None = None, *, max_queue: in
     return app
 
 
-def _scheduler_of(target: Any) -> Any:
-    if hasattr(target, "submit") and hasattr(target, "engine"):
-        return target
-    sched = getattr(target, "scheduler", None)
-    if sched is not None:
-        return sched
-    from pyggspec.serving.scheduler import Scheduler
-
-    return Scheduler(target)
+def _scheduler_of(target: Any) -> Scheduler:
+    """The scheduler to serve: the one given, or the engine's own (one per engine)."""
+    return target if isinstance(target, Scheduler) else target.scheduler
 
 
 def _error_response(e: ApiError) -> JSONResponse:
@@ -632,21 +629,23 @@ _NO_EVENT = _NoEvent()
 
 
 def _metrics_text(state: ServerState) -> str:
+    """Counters kept here, plus the scheduler's view now (queue, slots, recent throughput,
+    failed requests, decode steps) and memory by component."""
     sched = state.scheduler
-    m: Mapping[str, Any] = {}
-    try:
-        m = sched.metrics()
-    except NotImplementedError:
-        m = {}
-    slots = sched.slots()
-    busy = int(m.get("busy_slots", sum(1 for s in slots if s.get("state") != "idle")))
-    extra: list[Metric] = []
-    if "tokens_per_second" in m:
-        extra.append(Metric("tokens_per_second", "gauge",
-                            "Generation throughput of the whole server, recent.").add(
-            float(m["tokens_per_second"])))
-    return render(state.metrics.families(busy_slots=busy, n_slots=len(slots),
-                                         queued=int(m.get("queue_depth", 0)),
+    m = sched.metrics()
+    extra = [
+        Metric("tokens_per_second", "gauge",
+               "Generation throughput of the whole server over the last seconds.").add(
+            float(m["tokens_per_second"])),
+        Metric("requests_failed_total", "counter",
+               "Requests whose step failed (the others carried on).").add(
+            int(m["requests_failed"])),
+        Metric("n_decode_total", "counter", "Decode / verify batches run.").add(
+            int(m["decode_steps"])),
+    ]
+    return render(state.metrics.families(busy_slots=int(m["busy_slots"]),
+                                         n_slots=int(m["n_slots"]),
+                                         queued=int(m["queue_depth"]),
                                          memory=sched.memory(), extra=extra))
 
 
