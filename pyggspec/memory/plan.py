@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pyggspec.modelfile import HParams, ggml_type
 
 COMPONENTS = ("weights", "kv", "mtp_kv", "recurrent", "snapshots", "checkpoints", "sampling",
-              "compute", "step_graphs")
+              "compute", "step_graphs", "prompt_checkpoints")
 
 
 @dataclass

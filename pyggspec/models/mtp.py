@@ -212,7 +212,7 @@ class Mtp(GraphRunner):
     other's allocation), with graphs reused by shape."""
 
     def __init__(self, hp: HParams, weights: MtpWeights, kv: KVCache, sched: Scheduler,
-                 device_argmax: bool = True, cache_size: int = 12, draft_vocab: int = 0) -> None:
+                 device_argmax: bool = True, cache_size: int = 24, draft_vocab: int = 0) -> None:
         super().__init__(sched, cache_size)
         self.hp = hp
         self.weights = weights

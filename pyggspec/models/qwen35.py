@@ -195,7 +195,7 @@ class Target(GraphRunner):
     """Runs trunk ubatches on a scheduler, reusing graphs by shape."""
 
     def __init__(self, hp: HParams, weights, kv: KVCache, rs: RecurrentState,
-                 sched: Scheduler, cache_size: int = 8) -> None:
+                 sched: Scheduler, cache_size: int = 24) -> None:
         super().__init__(sched, cache_size)
         self.hp = hp
         self.weights = weights

@@ -12,6 +12,44 @@ from typing import Any
 from pyggspec.ggml.sched import GraphCache, Scheduler
 
 STEP_SCHEDS = 6  # per runner: step shapes that keep their own scheduler at once
+PROMPT_GRAPHS = 6  # per runner: cached graphs of prompt-chunk shapes (> step_rows rows)
+
+
+class StepPromptCache:
+    """Graphs by shape in two LRU caches: per-step shapes (at most ``runner.step_rows``
+    rows per sequence: decode, verify, replay, MTP catch-up and drafts) and prompt chunks,
+    whose lengths vary with every prompt. Prompts of new lengths then never evict the
+    graphs of the decode loop."""
+
+    def __init__(self, runner: GraphRunner, step_capacity: int, prompt_capacity: int) -> None:
+        self.runner = runner
+        self.steps = GraphCache(step_capacity)
+        self.prompts = GraphCache(prompt_capacity)
+
+    def _cache(self, key: Hashable) -> GraphCache:
+        rows = getattr(key, "n_seq_tokens", 1)
+        return self.steps if rows <= self.runner.step_rows else self.prompts
+
+    def get(self, key: Hashable, build: Callable[[Hashable], Any]) -> Any:
+        return self._cache(key).get(key, build)
+
+    def drop(self, key: Hashable) -> None:
+        self._cache(key).drop(key)
+
+    def clear(self) -> None:
+        self.steps.clear()
+        self.prompts.clear()
+
+    @property
+    def hits(self) -> int:
+        return self.steps.hits + self.prompts.hits
+
+    @property
+    def misses(self) -> int:
+        return self.steps.misses + self.prompts.misses
+
+    def __len__(self) -> int:
+        return len(self.steps) + len(self.prompts)
 
 
 class GraphRunner:
@@ -31,7 +69,7 @@ class GraphRunner:
 
     def __init__(self, sched: Scheduler, cache_size: int) -> None:
         self.sched = sched
-        self.graphs = GraphCache(cache_size)
+        self.graphs = StepPromptCache(self, cache_size, PROMPT_GRAPHS)
         self._step_scheds: OrderedDict[Hashable, Scheduler] = OrderedDict()
         self.step_rows = 1  # rows per sequence of the largest step graph (engine sets it)
         self.n_builds = 0  # graphs built, first builds and rebuilds alike
