@@ -22,8 +22,8 @@ def engines(request, tmp_path_factory):
     path = cached_model(make(dtype="f32", agreement=0.8, tied_embeddings=False),
                         tmp_path_factory.mktemp("reuse_models"))
     # small ubatches and checkpoint spacing: checkpoints at 4, 8, 12 and each prompt's end
-    kw = dict(n_ctx=256, n_parallel=2, n_threads=2, n_ubatch=4, ctx_checkpoints=8,
-              checkpoint_min_step=4, load_tokenizer=False)
+    kw = {"n_ctx": 256, "n_parallel": 2, "n_threads": 2, "n_ubatch": 4,
+          "ctx_checkpoints": 8, "checkpoint_min_step": 4, "load_tokenizer": False}
     out = {"plain": Engine(path, **kw),
            "spec": Engine(path, spec_type="draft-mtp", spec=SpecConfig(n_max=3), **kw)}
     yield out
