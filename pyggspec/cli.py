@@ -227,12 +227,16 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
             placements.append(plan_placement(model.mtp_file, devices, **kw))  # type: ignore
         weights = sum_bytes(*placements)
         repack = None  # CPU weight repacking as loading will do it (ggml asked per tensor)
+        warn_repack = None
         if binding:
-            from pyggspec.weights import plan_repack
+            try:
+                from pyggspec.weights import plan_repack
 
-            repack = plan_repack(model, p_trunk, placements[1] if len(placements) > 1 else None,
-                                 repack=not no_repack)
-            for d, n in repack.extra_bytes.items():
+                repack = plan_repack(model, p_trunk, placements[1] if len(placements) > 1
+                                     else None, repack=not no_repack)
+            except Exception as e:  # noqa: BLE001 - the CPU device cannot be asked here
+                warn_repack = f"weight repacking not predicted ({type(e).__name__}: {e})"
+            for d, n in (repack.extra_bytes if repack is not None else {}).items():
                 weights[d] = weights.get(d, 0) + n
         owner = model.mtp_owner
         # the engine's context is capped at the training context: plan for that one
@@ -241,6 +245,8 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
                               mtp=owner.hparams if owner is not None else None, type_k=type_k,
                               type_v=type_v)
         report = _report(model, placements, mem, why if not binding else None)
+        if warn_repack:
+            report["warnings"].append(warn_repack)
         from pyggspec.memory.plan import plan_memory
 
         n_max = spec_n_max if spec_n_max is not None else (3 if owner is not None else 0)
