@@ -176,6 +176,8 @@ class Engine:
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
                                         progress=progress, repack=repack)
             self._closers.append(self.weights)
+            if self.spec_type and self.spec.draft_head:
+                self._add_draft_head(self.spec.draft_head)
             # verify/draft batches may run n_max + 2 positions past the committed ones
             kv_cells = self.n_ctx + (self.spec.n_max + 2 if self.spec_type else 0)
 
@@ -308,6 +310,18 @@ class Engine:
             if not dev.is_cpu and total and n > free:
                 return "checkpoint"
         return "snapshot"
+
+    def _add_draft_head(self, type_name: str) -> None:
+        """A lower-bit copy of the MTP head's LM head for drafting (--spec-draft-head): a
+        draft step reads the whole vocabulary's head, most of its cost."""
+        from pyggspec.ggml.quantize import quantizable
+        from pyggspec.models.mtp import MtpWeights
+
+        ok, why = quantizable(type_name)
+        if not ok:
+            raise PyggspecError("--spec-draft-head", why)
+        w = MtpWeights(self.weights, self.hp.n_layer)
+        self.weights.add_requantized(w.DRAFT_HEAD, w.head_name, type_name)
 
     def _init_mtp(self, kv_cells: int, type_k: str, type_v: str, device_argmax: bool) -> None:
         from pyggspec.models.mtp import Mtp, MtpWeights

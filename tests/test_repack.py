@@ -249,3 +249,33 @@ def test_requantized_copy_of_a_weight(qdir, repack):
         if not repack:  # plain buffer: the bytes read back as written
             want = quantize_rows(ggml_type("q4_0").id, rows.reshape(info.ne[1], info.ne[0]))
             assert t.get().tobytes() == want
+
+
+@pytest.mark.parametrize("head", ["q4_0", "q4_k"])
+def test_draft_head_copy_is_lossless(qdir, head):
+    """--spec-draft-head: drafts come from a lower-bit copy of the LM head, the target still
+    verifies with its own, so the output equals plain decoding; acceptance stays up."""
+    path = qmodel(qdir, "q8_0", agreement=0.9)
+    with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False) as e:
+        plain = e.generate(PROMPT[:4], max_tokens=40, ignore_eos=True).tokens
+    acc = {}
+    for dh in ("", head):
+        with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False, spec_type="draft-mtp",
+                    spec=SpecConfig(n_max=3, draft_head=dh)) as e:
+            assert e.weights.has("draft:head") == bool(dh)
+            if dh:
+                assert e.mtp.weights.head is e.weights.get("draft:head")
+                assert e.memory()["weights"] == e.memory_plan.to_dict()["weights"]
+            assert e.generate(PROMPT[:4], max_tokens=40, ignore_eos=True).tokens == plain
+            acc[dh] = e.stats.acceptance
+    assert acc[head] >= acc[""] - 0.1 and acc[head] > 0.5
+
+
+@pytest.mark.parametrize("bad,why", [("q9_9", "unknown"), ("iq2_xxs", "importance matrix")])
+def test_draft_head_bad_type(qdir, bad, why):
+    from pyggspec.errors import PyggspecError
+
+    path = qmodel(qdir, "q8_0", agreement=0.9)
+    with pytest.raises(PyggspecError, match=f"--spec-draft-head.*{why}"):
+        Engine(path, n_ctx=64, n_threads=2, load_tokenizer=False, spec_type="draft-mtp",
+               spec=SpecConfig(draft_head=bad))

@@ -29,3 +29,20 @@ def quantize_rows(type_: GGMLType | int, rows: np.ndarray) -> bytes:
     if n != len(out):
         raise RuntimeError(f"ggml wrote {n} bytes, expected {len(out)}")
     return bytes(out)
+
+
+def quantizable(type_name: str) -> tuple[bool, str]:
+    """Whether ggml can quantize float rows to ``type_name`` without an importance matrix;
+    the reason when not."""
+    from pyggspec.modelfile import ggml_type
+
+    try:
+        t = ggml_type(type_name)
+    except Exception:  # noqa: BLE001 - an unknown name
+        return False, f"unknown ggml type {type_name!r}"
+    lib = _lib.lib
+    if lib.ggml_quantize_requires_imatrix(t.id):
+        return False, f"{t.name} needs an importance matrix"
+    if not lib.ggml_is_quantized(t.id) and t.name.lower() not in ("f16", "bf16", "f32"):
+        return False, f"{t.name} is not a weight type"
+    return True, ""

@@ -73,6 +73,7 @@ class MtpWeights:
     """
 
     PREFIX = "mtp:"
+    DRAFT_HEAD = "draft:head"  # a lower-bit copy of the head, for drafting only (optional)
 
     def __init__(self, weights, block: int) -> None:
         self.weights = weights
@@ -87,9 +88,12 @@ class MtpWeights:
         return self.weights.get(name)
 
     def first(self, *names: str) -> Tensor:
+        return self.get(self.first_name(*names))
+
+    def first_name(self, *names: str) -> str:
         for n in names:
             if self.has(n):
-                return self.get(n)
+                return self.PREFIX + n if self.weights.has(self.PREFIX + n) else n
         raise KeyError(f"none of {names} is loaded")
 
     @property
@@ -101,9 +105,18 @@ class MtpWeights:
         return self.first(f"blk.{self.block}.nextn.shared_head_norm.weight", "output_norm.weight")
 
     @property
+    def head_name(self) -> str:
+        """Key of the model's own LM head for the MTP block (the target's when shared)."""
+        return self.first_name(f"blk.{self.block}.nextn.shared_head_head.weight",
+                               "output.weight", "token_embd.weight")
+
+    @property
     def head(self) -> Tensor:
-        return self.first(f"blk.{self.block}.nextn.shared_head_head.weight", "output.weight",
-                          "token_embd.weight")
+        """The head drafts are made with: the lower-bit draft copy when one was made (only
+        drafts use it; the target verifies with its own weights), else the model's."""
+        if self.weights.has(self.DRAFT_HEAD):
+            return self.weights.get(self.DRAFT_HEAD)
+        return self.weights.get(self.head_name)
 
 
 class MtpGraph:

@@ -31,6 +31,7 @@ class SpecConfig:
     p_min: float = 0.0  # --spec-draft-p-min
     rollback: str = "auto"  # "auto" | "snapshot" | "checkpoint"
     draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
+    draft_head: str = ""  # --spec-draft-head: ggml type of a draft-only LM head copy ("": none)
 
 
 @dataclass
