@@ -64,11 +64,12 @@ def run_llama(path: Path, args: argparse.Namespace, P: int, n_max: int, repack: 
 
 
 def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
-             spec: bool) -> dict:
+             spec: bool, draft_head: str = "") -> dict:
     """``spec`` with ``n_max`` None: pyggspec's default speculation."""
     kw = ""
     if spec:
-        cfg = f"SpecConfig(n_max={n_max})" if n_max else "SpecConfig()"
+        cfg = "SpecConfig(" + (f"n_max={n_max}, " if n_max else "") + (
+            f"draft_head={draft_head!r}" if draft_head else "") + ")"
         kw = f", spec_type='draft-mtp', spec={cfg}"
     code = f"""
 import json, time
@@ -106,6 +107,8 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--llama-repack", choices=["both", "on", "off"], default="both")
+    ap.add_argument("--draft-head", nargs="*", default=[], metavar="TYPE",
+                    help="also run pyggspec's default with --spec-draft-head TYPE")
     ap.add_argument("--no-ours-fixed", action="store_true",
                     help="skip pyggspec at fixed n_max (only plain and its default)")
     args = ap.parse_args()
@@ -114,15 +117,16 @@ def main() -> int:
     table = []
     models = ([(0.0, args.model.name, args.model)] if args.model else
               [(a, qt, None) for a in args.agreement for qt in args.types])
-    # (name, engine, n_max, spec or repack)
-    runs: list[tuple[str, str, int | None, bool]] = [("ours plain", "ours", None, False),
-                                                     ("ours default", "ours", None, True)]
+    # (name, engine, n_max, spec or repack, draft head)
+    runs: list[tuple[str, str, int | None, bool, str]] = [
+        ("ours plain", "ours", None, False, ""), ("ours default", "ours", None, True, "")]
+    runs += [(f"ours head={h}", "ours", None, True, h) for h in args.draft_head]
     if not args.no_ours_fixed:
-        runs += [(f"ours n={k}", "ours", k, True) for k in args.n_max]
+        runs += [(f"ours n={k}", "ours", k, True, "") for k in args.n_max]
     for rp in repacks:
         tag = "" if rp else " -nr"
-        runs += [(f"llama plain{tag}", "llama", 0, rp)]
-        runs += [(f"llama n={k}{tag}", "llama", k, rp) for k in args.n_max]
+        runs += [(f"llama plain{tag}", "llama", 0, rp, "")]
+        runs += [(f"llama n={k}{tag}", "llama", k, rp, "") for k in args.n_max]
     for agr, qt, given in models:
         path = given or bench_model(agr, qt)
         with open_model(path) as m:
@@ -131,9 +135,9 @@ def main() -> int:
             reps: list[dict[str, dict]] = []
             for rep in range(args.reps):
                 got: dict[str, dict] = {}
-                for name, engine, n_max, flag in (runs if rep % 2 == 0 else runs[::-1]):
+                for name, engine, n_max, flag, head in (runs if rep % 2 == 0 else runs[::-1]):
                     t0 = time.monotonic()
-                    got[name] = (run_ours(path, args, P, n_max, flag) if engine == "ours"
+                    got[name] = (run_ours(path, args, P, n_max, flag, head) if engine == "ours"
                                  else run_llama(path, args, P, n_max or 0, flag))
                     print(f"{agr} {qt} np{P} rep {rep} {name:16s} {got[name]['tps']:7.2f} t/s "
                           f" accept {got[name].get('accept', float('nan')):.3f} "
