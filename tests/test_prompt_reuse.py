@@ -59,9 +59,10 @@ def test_reuse_equals_cold_start(engines, kind, sampling):
         assert warm.tokens == cold.tokens, name
         assert warm.timings.cache_n == cached, name
         assert warm.timings.prompt_n == len(prompt) - cached, name
-        if kind == "spec":
+        if kind == "spec" and getattr(e, "draft_policy", None) is None:
             # the MTP cache and its pending hidden row were carried over correctly:
-            # the same drafts as from scratch
+            # the same drafts as from scratch (fixed draft length: an adaptive one
+            # depends on measured timings)
             assert (warm.spec.n_drafted, warm.spec.n_accepted) == \
                 (cold.spec.n_drafted, cold.spec.n_accepted), name
 

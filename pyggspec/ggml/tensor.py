@@ -195,3 +195,16 @@ class HostBinding:
     def pull(self) -> np.ndarray:
         _lib.lib.ggml_backend_tensor_get(self._ptr, self._buf, 0, self._n)
         return self.array
+
+    def peek(self) -> np.ndarray:
+        """The tensor's current contents without a copy when its buffer is host memory (a
+        view, valid until that memory is reused, e.g. by the next graph on the same
+        scheduler); otherwise :meth:`pull`. Saves copying a vocabulary-wide logits row
+        per step on the CPU."""
+        t = self._ptr
+        buf = t.buffer
+        if buf == _lib.ffi.NULL or t.data == _lib.ffi.NULL or \
+                not _lib.lib.ggml_backend_buffer_is_host(buf):
+            return self.pull()
+        return np.frombuffer(_lib.ffi.buffer(t.data, self._n),
+                             dtype=self.array.dtype).reshape(self.array.shape)

@@ -174,8 +174,8 @@ class TargetGraph:
         a failed sampling part); the arrays are reused by the next step. When the sampling
         part fails after compute, the raw logits (a graph output) come back instead."""
         hidden = self._hidden_out.pull() if self._hidden_out is not None else None
-        if self.sampling is None:
-            return self._logits_out.pull(), hidden, None, None
+        if self.sampling is None:  # logits are read in place where they are host memory
+            return self._logits_out.peek(), hidden, None, None
         try:
             return None, hidden, self.sampling.finish_host(ub.rows), None
         except Exception as e:  # noqa: BLE001 - any failure of the sampling part

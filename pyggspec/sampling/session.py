@@ -106,7 +106,13 @@ class SequenceSamplers:
         """Finish the chain on the host for one logits row (does not accept)."""
         self.stats.bytes_d2h += logits_row.nbytes
         self.stats.tokens += 1
-        return sample_host(self.chains[slot], logits_row, prefix)
+        chain = self.chains[slot]
+        st = chain.stages
+        if len(st) == 1 and st[0].name == "greedy" and logits_row.shape == (self.n_vocab,):
+            # greedy over the full row: numpy's argmax takes the first maximum, the lowest
+            # id, as the greedy stage's tie rule (one pass, no temporaries)
+            return int(logits_row.argmax())
+        return sample_host(chain, logits_row, prefix)
 
     def accept(self, slot: int, token: int) -> None:
         self.chains[slot].accept(token)
