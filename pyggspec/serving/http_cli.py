@@ -97,8 +97,9 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
           n_ubatch: int, n_threads: int | None, ngl: str | None, device: str | None,
           overrides: tuple[str, ...], cpu_moe: bool, type_k: str, type_v: str, rpc: str | None,
           no_mmap: bool, no_repack: bool, spec_type: str, draft_model: Path | None, n_max: int,
-          n_min: int, p_min: float, draft_vocab: int, draft_head: str, rollback: str, mtp_type_k: str,
-          mtp_type_v: str, ctx_checkpoints: int, checkpoint_min_step: int, jinja: bool, chat_template_file: Path | None, log_level: str,
+          n_min: int, p_min: float, draft_vocab: int, draft_head: str, rollback: str,
+          mtp_type_k: str, mtp_type_v: str, ctx_checkpoints: int, checkpoint_min_step: int,
+          jinja: bool, chat_template_file: Path | None, log_level: str,
           sampling: SamplingOptions) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
