@@ -14,7 +14,7 @@ import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pyggspec.sampling import SamplingParams
@@ -250,7 +250,6 @@ class GenParams:
     n_draft_max: int | None = None  # "speculative.n_max": fewer drafts per step than -n-max
     return_tokens: bool = False
     echo: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 MAX_STOP = 16
@@ -329,9 +328,6 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
 
 
 # ---------------------------------------------------------------------------- prompts
-PromptPart = str | list[int]
-
-
 def parse_prompt(body: Mapping[str, Any], n_vocab: int, key: str = "prompt") -> list[Any]:
     """llama-server's prompt shapes, flattened to one prompt: a string, token ids, or a mix
     (``[12, "text", 34]``); several prompts in one request are refused (one result each)."""
