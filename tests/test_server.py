@@ -134,7 +134,9 @@ def test_chat_completion_with_openai_client(client):
     assert choice.finish_reason in ("stop", "length")
     assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 12
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
-    t = r.model_extra["timings"]
+    t = r.model_extra["timings"]  # what llama.cpp's speed-bench client reads
+    for key in ("prompt_ms", "predicted_ms", "prompt_per_second", "predicted_per_second"):
+        assert isinstance(t[key], float) and t[key] >= 0, key
     assert t["predicted_n"] == r.usage.completion_tokens
     assert t["prompt_n"] + t["cache_n"] == r.usage.prompt_tokens
     if r.usage.completion_tokens > 1:  # the agreement model drafts and mostly accepts
