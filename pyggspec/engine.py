@@ -222,6 +222,9 @@ class Engine:
                 self._init_mtp(kv_cells, mtp_type_k, mtp_type_v, draft_backend_sampling)
             # compute buffers at their worst case now, so they never grow while generating
             reserve_compute(self._compute, self.target, self.mtp)
+            self.draft_policy = None
+            if self.spec_type and self.spec.adaptive:
+                self.draft_policy = self._make_draft_policy()
             self.tokenizer = None
             if load_tokenizer:
                 from pyggspec.tokenizer import Tokenizer
@@ -310,6 +313,18 @@ class Engine:
             if not dev.is_cpu and total and n > free:
                 return "checkpoint"
         return "snapshot"
+
+    def _make_draft_policy(self):
+        """Adaptive draft length: costs measured now on this device (one sequence of every
+        row count a verify batch can have), refined by every step afterwards."""
+        from pyggspec.speculative.adaptive import DraftLengthPolicy, calibrate
+        from pyggspec.speculative.loop import padded_rows
+
+        n_max = self.spec.n_max
+        rows = {padded_rows(t, B) * B for B in range(1, self.n_parallel + 1)
+                for t in range(1, n_max + 2)}
+        costs = calibrate(self, sorted(rows))
+        return DraftLengthPolicy(n_max, costs, padded_rows)
 
     def _add_draft_head(self, type_name: str) -> None:
         """A lower-bit copy of the MTP head's LM head for drafting (--spec-draft-head): a

@@ -43,7 +43,7 @@ def test_record_counts_only_positions_that_were_tried():
         p.record(0, 3, 1)  # first accepted, second rejected, third never judged
     r = p.rates(0)
     assert r[0] > 0.9 and r[1] < 0.1
-    assert r[2] == pytest.approx(0.5, abs=0.01)  # prior only: never observed
+    assert r[2] == pytest.approx(r[1], abs=0.01)  # never judged: like the position before
 
 
 def test_high_acceptance_drafts_to_the_cap_low_drafts_nothing():
@@ -90,11 +90,85 @@ def test_per_sequence_rates_and_exploration():
     assert sum(p.chosen) == 8 and p.to_dict()["chosen_lengths"][1] == 2
 
 
-def test_cost_model_ema_and_nearest_estimate():
+def test_cost_model_median_and_row_estimates():
     c = CostModel()
-    c.observe("verify", 1, 2, 100)
-    c.observe("verify", 1, 2, 200)
-    assert c.estimate("verify", 1, 2) == pytest.approx(120)
+    for ms in (100, 900, 110, 120, 105):  # one step slowed by another process
+        c.observe("verify", 1, 2, ms)
+    assert c.estimate("verify", 1, 2) == pytest.approx(110)
+    c.ms[("verify", 1, 2)] = 120
     assert c.estimate("verify", 1, 4) == pytest.approx(240)  # scaled from the nearest
     assert c.estimate("verify", 1, 1) == pytest.approx(120)  # fewer rows: not less
     assert c.estimate("mtp", 1, 1) is None
+    c.ms[("verify", 1, 8)] = 400  # rows between calibrated one-sequence shapes: linear
+    assert c.estimate("verify", 1, 5) == pytest.approx(120 + (400 - 120) * 3 / 6)
+    assert c.estimate("verify", 2, 4) == pytest.approx(400)  # 2 x 4 rows ~ 1 x 8
+    c.frozen = True
+    c.observe("verify", 1, 8, 1)
+    assert c.estimate("verify", 1, 8) == 400
+
+
+# --- in the engine ---------------------------------------------------------------------------
+PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310]]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from pyggspec.testing import cached_model, tiny_dense, tiny_moe
+
+    d = tmp_path_factory.mktemp("adaptive_models")
+    return {(arch, agr): cached_model((tiny_dense if arch == "dense" else tiny_moe)(
+        dtype="f32", agreement=agr, tied_embeddings=False), d)
+        for arch in ("dense", "moe") for agr in (0.95, None)}
+
+
+def _gen(path, prompts, n, sampling=None, pinned=None, **spec):
+    """``pinned``: costs the policy sees instead of measured ones (choices then depend on
+    acceptance only, not on how busy the machine is)."""
+    from pyggspec.engine import Engine
+    from pyggspec.speculative.loop import SpecConfig
+
+    kw = {"spec_type": "draft-mtp", "spec": SpecConfig(**spec)} if spec else {}
+    with Engine(path, n_ctx=256, n_parallel=len(prompts), n_threads=2, load_tokenizer=False,
+                **kw) as e:
+        if pinned is not None:
+            pinned.frozen = True
+            e.draft_policy.costs = pinned
+        out = [r.tokens for r in e.generate_batch(prompts, max_tokens=n, ignore_eos=True,
+                                                  sampling=sampling)]
+        return out, e.stats, e.draft_policy
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+@pytest.mark.parametrize("seeded", [False, True])
+def test_adaptive_is_lossless_and_reports_lengths(models, arch, seeded):
+    from pyggspec.sampling import SamplingParams
+
+    sp = SamplingParams(temp=0.8, seed=7) if seeded else SamplingParams(temp=0.0)
+    for agr in (0.95, None):
+        path = models[(arch, agr)]
+        ref, _, _ = _gen(path, PROMPTS, 24, sp)
+        out, stats, policy = _gen(path, PROMPTS, 24, sp, n_max=4)
+        assert out == ref
+        assert policy is not None and sum(stats.draft_lengths) == stats.n_steps
+        d = policy.to_dict()
+        assert d["costs_ms"] and sum(d["chosen_lengths"]) > 0
+
+
+def test_adaptive_stops_drafting_when_nothing_is_accepted(models):
+    """A head that never agrees: after the first steps the policy drafts (almost) nothing
+    and the MTP head mostly rests; a head that always agrees drafts to the cap."""
+    pinned = costs(step=100, per_row=15, mtp=30)
+    _, stats, policy = _gen(models[("dense", None)], PROMPTS[:1], 120, pinned=pinned, n_max=3)
+    steps = stats.n_steps
+    assert policy.chosen[0] > 0.6 * sum(policy.chosen)
+    assert stats.n_mtp_evals < 0.5 * steps  # pairs wait and are written in batches
+    _, stats, policy = _gen(models[("dense", 0.95)], PROMPTS[:1], 120, pinned=pinned, n_max=3)
+    assert stats.acceptance > 0.8
+    assert max(range(4), key=lambda k: policy.chosen[k]) >= 2
+
+
+def test_fixed_length_flag(models):
+    _, stats, policy = _gen(models[("dense", None)], PROMPTS[:1], 30, n_max=3, adaptive=False)
+    assert policy is None
+    # every step drafts n_max, but the last ones (the budget's room is shorter)
+    assert stats.draft_lengths[3] >= stats.n_steps - 3

@@ -29,7 +29,8 @@ def engines(tmp_path_factory):
         for rb in ("snapshot", "checkpoint"):
             for n_max in range(1, 7):
                 e = Engine(path, n_ctx=128, n_parallel=4, n_threads=2, load_tokenizer=False,
-                           spec_type="draft-mtp", spec=SpecConfig(n_max=n_max, rollback=rb))
+                           spec_type="draft-mtp",  # fixed lengths: stats comparable
+                           spec=SpecConfig(n_max=n_max, rollback=rb, adaptive=False))
                 opened.append(e)
                 out[(arch, rb, n_max)] = e
     yield out

@@ -40,7 +40,7 @@ def plain_outputs(path, prompts, n):
 def test_lossless_many_sequences(spec_dir, arch, rollback, n_max):
     path = agreement_model(spec_dir, arch, 0.7)
     ref = plain_outputs(path, PROMPTS, 30)
-    cfg = SpecConfig(n_max=n_max, rollback=rollback)
+    cfg = SpecConfig(n_max=n_max, rollback=rollback, adaptive=False)  # every position drafted
     with Engine(path, n_ctx=256, n_parallel=4, n_threads=2, spec_type="draft-mtp",
                 spec=cfg) as e:
         out = e.generate_batch(PROMPTS, max_tokens=30, ignore_eos=True)
@@ -209,7 +209,8 @@ def test_separate_mtp_file_drafts_like_grafted(spec_dir):
     stats = []
     outs = []
     for model, md in ((grafted, None), (trunk, mtp)):
-        with Engine(model, mtp_path=md, n_ctx=256, n_threads=2, spec_type="draft-mtp") as e:
+        with Engine(model, mtp_path=md, n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                    spec=SpecConfig(adaptive=False)) as e:  # timing-free draft lengths
             outs.append(e.generate_batch([PROMPTS[1]], max_tokens=30, ignore_eos=True)[0].tokens)
             stats.append((e.stats.n_drafted, e.stats.n_accepted))
     assert outs[0] == outs[1]

@@ -16,8 +16,9 @@ the next drafting step, whose catch-up batch takes them in one go). The policy p
 shares the verify shape, so lengths are chosen jointly).
 
 Costs are milliseconds of graph compute, measured: :func:`calibrate` times the shapes at
-warm-up, and every step feeds its own timings back (exponential moving averages), so the
-model follows the machine (other load, thermal drift, a GPU vs the CPU).
+warm-up, and every step feeds its own timings back (the median of the recent ones, so a
+step slowed by another process does not swing the choice), so the model follows the
+machine (thermal drift, a GPU vs the CPU).
 
 Positions the policy stops drafting would never be measured again, so every
 ``explore_every`` steps it tries one row more than its choice.
@@ -25,37 +26,68 @@ Positions the policy stops drafting would never be measured again, so every
 
 from __future__ import annotations
 
+import itertools
+import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 PRIOR_WEIGHT = 8.0  # pseudo-counts of the all-sequence rates in a sequence's estimate
 PRIOR_RATE = 0.5  # acceptance assumed before anything is measured
-EMA = 0.2  # weight of a new cost observation
+RECENT = 9  # observations per shape whose median is its cost
 
 
 @dataclass
 class CostModel:
-    """Milliseconds per graph run, by kind ("verify", "mtp"), batch size and rows."""
+    """Milliseconds per graph run, by kind ("verify", "mtp"), batch size and rows.
+
+    ``frozen``: observations are ignored (tests pin the costs to make choices
+    deterministic)."""
 
     ms: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    frozen: bool = False
+    _recent: dict[tuple[str, int, int], deque] = field(default_factory=dict, repr=False)
 
     def observe(self, kind: str, B: int, T: int, ms: float) -> None:
+        if self.frozen:
+            return
         key = (kind, B, T)
-        old = self.ms.get(key)
-        self.ms[key] = ms if old is None else (1 - EMA) * old + EMA * ms
+        q = self._recent.get(key)
+        if q is None:
+            q = self._recent[key] = deque(maxlen=RECENT)
+            if key in self.ms:  # a calibrated value counts as one observation
+                q.append(self.ms[key])
+        q.append(ms)
+        self.ms[key] = statistics.median(q)
 
     def estimate(self, kind: str, B: int, T: int) -> float | None:
-        """The measured cost, else one scaled from the nearest measured shape of this kind
-        (linear in rows, which overestimates what padding to pairs costs), else None."""
+        """The measured cost; else interpolated over rows (B * T) between one-sequence
+        shapes of this kind (the weights dominate: B sequences of T rows cost about one
+        sequence of B * T rows), scaled past the largest; else None."""
         got = self.ms.get((kind, B, T))
         if got is not None:
             return got
-        near = [(abs(b - B) + abs(t - T), b, t, v) for (k, b, t), v in self.ms.items()
-                if k == kind]
-        if not near:
-            return None
-        _, b, t, v = min(near)
-        return v * (B * T) / (b * t) if B * T > b * t else v
+        pts = sorted((t, v) for (k, b, t), v in self.ms.items() if k == kind and b == 1)
+        if not pts:
+            near = [(abs(b - B) + abs(t - T), b * t, v) for (k, b, t), v in self.ms.items()
+                    if k == kind]
+            if not near:
+                return None
+            _, rows, v = min(near)
+            return v * max(1.0, B * T / rows)
+        rows = B * T
+        if rows <= pts[0][0]:
+            return pts[0][1]
+        for (r0, v0), (r1, v1) in itertools.pairwise(pts):
+            if rows <= r1:
+                return v0 + (v1 - v0) * (rows - r0) / (r1 - r0)
+        r, v = pts[-1]
+        if len(pts) > 1:  # extrapolate with the last segment's slope
+            (r0, v0) = pts[-2]
+            return v + (v - v0) / (r - r0) * (rows - r)
+        return v * rows / r
 
     def to_dict(self) -> dict:
         return {f"{k}:{b}x{t}": round(v, 3) for (k, b, t), v in sorted(self.ms.items())}
@@ -82,6 +114,7 @@ class DraftLengthPolicy:
         self.explore_every = explore_every
         self._all = _Counts.zeros(n_max)
         self._seq: dict[int, _Counts] = {}
+        self._owner: dict[int, int] = {}  # slot -> id of the sequence its counts belong to
         self._steps = 0
         self.chosen: list[int] = [0] * (n_max + 1)  # histogram of chosen draft lengths
 
@@ -89,6 +122,12 @@ class DraftLengthPolicy:
     def start(self, slot: int) -> None:
         """A new request in ``slot``: its own counts start from nothing."""
         self._seq[slot] = _Counts.zeros(self.n_max)
+
+    def bind(self, slot: int, owner: object) -> None:
+        """``owner`` (a sequence object) is in ``slot``: a different one starts afresh."""
+        if self._owner.get(slot) != id(owner):
+            self._owner[slot] = id(owner)
+            self.start(slot)
 
     def record(self, slot: int, k: int, n: int) -> None:
         """``k`` drafts were verified for ``slot`` and the first ``n`` accepted."""
@@ -101,13 +140,18 @@ class DraftLengthPolicy:
             self._all.accepted[i] += ok
 
     def rates(self, slot: int) -> list[float]:
-        """Estimated conditional acceptance per draft position for ``slot``."""
+        """Estimated conditional acceptance per draft position for ``slot``: its own counts
+        shrunk towards all sequences' counts, which are shrunk towards the position before
+        (a position rarely drafted yet is assumed to go about as well as the one before)."""
         c = self._seq.get(slot) or _Counts.zeros(self.n_max)
         out = []
+        before = PRIOR_RATE
         for i in range(self.n_max):
             d, a = self._all.drafted[i], self._all.accepted[i]
-            prior = (a + PRIOR_RATE * 2) / (d + 2)
-            out.append((c.accepted[i] + PRIOR_WEIGHT * prior) / (c.drafted[i] + PRIOR_WEIGHT))
+            prior = (a + 2 * before) / (d + 2)
+            r = (c.accepted[i] + PRIOR_WEIGHT * prior) / (c.drafted[i] + PRIOR_WEIGHT)
+            out.append(r)
+            before = r
         return out
 
     @staticmethod
@@ -159,5 +203,41 @@ class DraftLengthPolicy:
 
     def to_dict(self) -> dict:
         return {"chosen_lengths": list(self.chosen), "costs_ms": self.costs.to_dict(),
-                "rates_all": [round((a + PRIOR_RATE * 2) / (d + 2), 4) for a, d in
+                "rates_all": [round(a / d, 4) if d else None for a, d in
                               zip(self._all.accepted, self._all.drafted)]}
+
+
+def calibrate(engine, rows: Sequence[int], slot: int = 0, reps: int = 2) -> CostModel:
+    """Time the target over ``rows`` tokens of one sequence (every row's logits, as a
+    verify batch reads them) and one MTP draft step, on ``slot`` (which must be free; it is
+    cleared afterwards). The faster of ``reps`` runs counts (the first also builds graphs,
+    which are not compute time anyway)."""
+    from pyggspec.speculative.draft_mtp import DraftRequest
+
+    costs = CostModel()
+    target = engine.target
+    ids = list(range(1, 1 + max(rows)))
+    try:
+        for T in sorted(set(rows)):
+            best = None
+            for _ in range(reps):
+                engine.clear(slot)
+                before = target.compute_ms_total
+                engine.decode({slot: ids[:T]}, logits="all", hidden=True)
+                ms = target.compute_ms_total - before
+                best = ms if best is None else min(best, ms)
+            costs.ms[("verify", 1, T)] = best
+        mtp = engine.drafter.mtp
+        best = None
+        for _ in range(reps):
+            engine.clear(slot)
+            h = np.zeros((1, engine.hp.n_embd), np.float32)
+            engine.drafter.draft([DraftRequest(slot, 0, [ids[0]], h, 0)])  # catch-up only
+            before = mtp.compute_ms_total
+            engine.drafter.draft([DraftRequest(slot, 1, [ids[1]], h, 0)])  # a one-row run
+            ms = mtp.compute_ms_total - before
+            best = ms if best is None else min(best, ms)
+        costs.ms[("mtp", 1, 1)] = best
+    finally:
+        engine.clear(slot)
+    return costs

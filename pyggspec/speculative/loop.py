@@ -32,6 +32,7 @@ class SpecConfig:
     rollback: str = "auto"  # "auto" | "snapshot" | "checkpoint"
     draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
     draft_head: str = ""  # --spec-draft-head: ggml type of a draft-only LM head copy ("": none)
+    adaptive: bool = True  # draft length chosen per step (n_max the cap); --spec-draft-fixed
 
 
 @dataclass
@@ -212,19 +213,35 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     if not live:
         return
     n_ctx = engine.n_ctx
+    policy = engine.draft_policy  # adaptive draft length (None: always the cap)
     # 1. draft: new pairs into the MTP cache, then up to n_max drafts per sequence
+    caps: dict[int, int] = {}
+    for s in live:
+        if s.spec:
+            # emitted tokens = accepted drafts + 1, so drafts stop one short of the room
+            cap = cfg.n_max if s.n_max is None else s.n_max
+            caps[s.slot] = max(0, min(cap, s.room(n_ctx) - 1))
+            if policy is not None:
+                policy.bind(s.slot, s)
+    if policy is not None and caps:
+        k = policy.choose(list(caps), list(caps.values()))
+        caps = {slot: min(c, k) for slot, c in caps.items()}
     reqs = []
+    deferred: set[int] = set()
     for s in live:
         if not s.spec:
             continue
-        # emitted tokens = accepted drafts + 1, so drafts stop one short of the room
-        cap = cfg.n_max if s.n_max is None else s.n_max
-        k = max(0, min(cap, s.room(n_ctx) - 1))
-        reqs.append(DraftRequest(s.slot, s.new_pos0, s.new_tokens, s.new_hidden, k))
-    before = drafter.mtp.n_evals
+        if caps[s.slot] == 0 and policy is not None and len(s.new_tokens) <= cfg.n_max:
+            deferred.add(s.slot)  # nothing to draft: its pairs wait, the MTP head rests
+            continue
+        reqs.append(DraftRequest(s.slot, s.new_pos0, s.new_tokens, s.new_hidden,
+                                 caps[s.slot]))
+    before, ms0 = drafter.mtp.n_evals, drafter.mtp.compute_ms_total
     drafts = drafter.draft(reqs)
     n_mtp = drafter.mtp.n_evals - before
     stats.n_mtp_evals += n_mtp
+    if policy is not None and n_mtp:
+        policy.costs.observe("mtp", len(reqs), 1, (drafter.mtp.compute_ms_total - ms0) / n_mtp)
     none: list[int] = []
     dtoks = [drafts[s.slot].tokens if s.slot in drafts else none for s in live]
 
@@ -256,7 +273,10 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     ub = UBatch(tokens, np.array([s.pos for s in live], np.int64), slots,
                 np.arange(B * T, dtype=np.int32), hidden=True, state_src=src, state_dst=dst,
                 sampling=plan, rows=rows)
+    ms0 = engine.target.compute_ms_total
     res = engine.target.run(ub, copy=False)
+    if policy is not None:
+        policy.costs.observe("verify", B, T, engine.target.compute_ms_total - ms0)
     stats.n_target_evals += 1
     hidden = res.hidden.reshape(B, T, -1)
     ids = res.ids.reshape(B, T) if res.ids is not None else None
@@ -274,6 +294,8 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
         emitted, n, stopped = accept(d, choose, s.is_stop or is_stop)  # len(d) < room
         if s.spec:
             stats.record(len(d), min(n, len(d)))
+            if policy is not None and d:
+                policy.record(s.slot, len(d), min(n, len(d)))
         if s.stats is not None:
             s.stats.n_target_evals += 1
             s.stats.n_mtp_evals += n_mtp if s.spec else 0
@@ -293,7 +315,11 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
         else:
             s.settle(n_ctx)
         # next step's MTP pairs: d1..dn and the new pending token, with target rows h_pos..
-        if s.spec:
+        if s.slot in deferred:  # the waiting pairs gain this step's one
+            if emitted:
+                s.new_tokens = [*s.new_tokens, emitted[-1]]
+                s.new_hidden = np.concatenate([s.new_hidden, hidden[b, :1]])
+        elif s.spec:
             s.new_tokens = [*d[:n], emitted[-1]] if emitted else []
             s.new_hidden = hidden[b, : n + 1].copy()
             s.new_pos0 = s.pos + 1
