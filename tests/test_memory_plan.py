@@ -152,7 +152,7 @@ def test_prediction_and_reservation_across_devices(models, rpc_device):
         # per-step graphs keep schedulers of their own there: bounded, predicted by inspect
         bound = e.memory_plan.to_dict()["step_graphs"]
         assert pred["step_graphs"] == bound and set(bound) == {"CPU", dev}
-        assert "step_graphs" not in e.memory()
+        # (the draft-length calibration at startup already ran some of them)
         e.generate_batch([list(range(300, 700)), [301, 302, 303]], max_tokens=6,
                          ignore_eos=True)
         assert e.memory()["compute"] == got

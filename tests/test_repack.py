@@ -177,7 +177,8 @@ def test_inspect_predicts_repacked_weights(qdir, tied):
     bytes in the repack buffer type (none with -nr)."""
     path = qmodel(qdir, "q4_0", agreement=None, tied=tied)
     for flags, rp in (([], True), (["-nr"], False)):
-        r = CliRunner().invoke(main, ["inspect", str(path), "--json", "-c", "64", *flags])
+        r = CliRunner().invoke(main, ["inspect", str(path), "--json", "-c", "64", "-ngl", "0",
+                                      *flags])  # on the CPU, as the engine below
         assert r.exit_code == 0, r.output
         mem = json.loads(r.output)["memory"]
         with Engine(path, n_ctx=64, n_threads=2, load_tokenizer=False, repack=rp,
