@@ -100,7 +100,8 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
           n_ubatch: int, n_threads: int | None, ngl: str | None, device: str | None,
           overrides: tuple[str, ...], cpu_moe: bool, type_k: str, type_v: str, rpc: str | None,
           no_mmap: bool, no_repack: bool, spec_type: str, draft_model: Path | None, n_max: int,
-          n_min: int, p_min: float, draft_vocab: int, draft_fixed: bool, draft_head: str, rollback: str,
+          n_min: int, p_min: float, draft_vocab: int, draft_fixed: bool, draft_head: str,
+          rollback: str,
           mtp_type_k: str, mtp_type_v: str, ctx_checkpoints: int, checkpoint_min_step: int,
           jinja: bool, chat_template_file: Path | None, log_level: str,
           sampling: SamplingOptions) -> None:
@@ -162,7 +163,8 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
             app = create_app(engine, config, max_queue=max_queue)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-        spec_desc = (f"draft-mtp n_max {n_max}" + (f" p_min {p_min}" if p_min else "")
+        spec_desc = (f"draft-mtp n_max {n_max}" + (" fixed" if draft_fixed else " adaptive")
+                     + (f" p_min {p_min}" if p_min else "")
                      + f", rollback {engine.rollback}" if engine.spec_type else "none")
 
         def on_listen(url: str) -> None:
