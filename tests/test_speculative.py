@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -16,6 +18,23 @@ from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from pyggspec.testing.oracle import OracleModel
 
 PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310]]
+
+
+@dataclass
+class FixedSpecConfig(SpecConfig):
+    adaptive: bool = False
+
+
+@pytest.fixture(autouse=True)
+def _fixed_draft_lengths(monkeypatch):
+    """These tests pin the mechanics of drafting n_max tokens (draft and evaluation counts
+    are compared across engines); adaptive lengths depend on measured timings and are
+    tested in test_adaptive_draft.py."""
+    import pyggspec.engine
+    import pyggspec.speculative.loop
+
+    for mod in (pyggspec.engine, pyggspec.speculative.loop, sys.modules[__name__]):
+        monkeypatch.setattr(mod, "SpecConfig", FixedSpecConfig)
 
 
 @pytest.fixture(scope="session")
@@ -232,12 +251,13 @@ def test_cli_spec_json(spec_dir):
     path = agreement_model(spec_dir, "dense", 0.8)
     r = CliRunner().invoke(main, ["run", "-m", str(path), "--prompt-tokens", "300,301",
                                   "-n", "20", "--ignore-eos", "--spec-type", "draft-mtp",
-                                  "--spec-draft-n-max", "2", "--json", "-ngl", "0"])
+                                  "--spec-draft-n-max", "2", "--spec-draft-fixed", "--json",
+                                  "-ngl", "0"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     spec = d["spec"]
     for key in ("type", "n_drafted", "n_accepted", "acceptance", "per_position",
-                "n_target_evals", "n_mtp_evals"):
+                "n_target_evals", "n_mtp_evals", "draft_lengths"):
         assert key in spec
     assert spec["type"] == "draft-mtp" and len(spec["per_position"]) == 2
     assert d["timings"]["draft_n"] == spec["n_drafted"]

@@ -132,8 +132,7 @@ class MtpGraph:
             b = Builder(ctx, graph, hp, w.get, w.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n,), "mtp_tokens")
             self.h = ctx.input("f32", (n_embd, n), "mtp_h_input")
-            self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_ctx, "mtp_")
-            self.out_ids = ctx.input("i32", (shape.n_outputs,), "mtp_out_ids")
+            self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_slots, "mtp_")
             attn_in = self.causal.attn
             e = b.cb(ctx.get_rows(w.embed, self.tokens), "mtp_tok_embd", il)
             hn = b.cb(layers.rms_norm(b, self.h, b.w("nextn.hnorm.weight", il)), "mtp_hnorm", il)
@@ -142,6 +141,13 @@ class MtpGraph:
                      "mtp_eh_proj", il)
             cur = b.cb(layers.rms_norm(b, x, b.w("attn_norm.weight", il)), "mtp_attn_norm", il)
             cur = layers.attention(b, cur, il, attn_in, kv.k(il), kv.v(il))
+            self.out_ids = self.h_out = self.ids = self.top = self.logits = None
+            if shape.n_outputs == 0:
+                # cache-only: pairs written for later drafts, nothing drafted now; the graph
+                # holds only the KV writes (no FFN, no LM head)
+                self._finish(shape, n, n_embd)
+                return
+            self.out_ids = ctx.input("i32", (shape.n_outputs,), "mtp_out_ids")
             x = b.cb(ctx.add(cur, x), "mtp_attn_residual", il)
             cur = b.cb(layers.rms_norm(b, x, b.w("post_attention_norm.weight", il)),
                        "mtp_attn_post_norm", il)
@@ -175,6 +181,9 @@ class MtpGraph:
         except BaseException:
             ctx.close()
             raise
+        self._finish(shape, n, n_embd)
+
+    def _finish(self, shape: MtpShape, n: int, n_embd: int) -> None:
         self._tokens = np.zeros(n, np.int32)
         self._h = np.zeros((n, n_embd), np.float32)
         self._out = np.zeros(shape.n_outputs, np.int32)
@@ -186,8 +195,14 @@ class MtpGraph:
         self._bound = False
 
     def _bind(self) -> None:
-        self._ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.h, self._h),
-                     *self.causal.bindings(), HostBinding(self.out_ids, self._out)]
+        ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.h, self._h),
+               *self.causal.bindings()]
+        if self.out_ids is None:  # cache-only: inputs only the KV writes read are in the graph
+            self._ins = [i for i in ins if i.tensor.is_allocated]
+            self._outs = []
+            self._bound = True
+            return
+        self._ins = [*ins, HostBinding(self.out_ids, self._out)]
         self._outs = [HostBinding(self.h_out, self._h_out)]
         if self.ids is not None:
             self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
@@ -200,7 +215,7 @@ class MtpGraph:
             self._bind()
         self._tokens[:] = mb.tokens.reshape(-1)
         self._h[:] = mb.hidden.reshape(self._h.shape)
-        self.causal.fill(mb.pos0, tuple(mb.slots), n_ctx)
+        self.causal.fill(mb.pos0, tuple(mb.slots))
         self._out[:] = mb.outputs
         for bnd in self._ins:
             bnd.push()
@@ -208,6 +223,8 @@ class MtpGraph:
     def read(self) -> MtpResult:
         for bnd in self._outs:
             bnd.pull()
+        if self.out_ids is None:
+            return MtpResult(self._ids, self._top, self._h_out)
         if self.ids is None:  # host argmax + full-vocabulary softmax probability
             lg = self._logits
             ids = lg.argmax(axis=1).astype(np.int32)

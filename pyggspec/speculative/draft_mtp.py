@@ -66,7 +66,11 @@ class MtpDrafter:
             hidden[b, :n] = r.hidden
             if n < T:  # padding rows sit after the real ones; the mask keeps them unseen
                 tokens[b, n:] = r.tokens[-1]
-        outputs = np.array([b * T + len(r.tokens) - 1 for b, r in enumerate(reqs)], np.int32)
+        if any(r.n_max > 0 for r in reqs):
+            outputs = np.array([b * T + len(r.tokens) - 1 for b, r in enumerate(reqs)],
+                               np.int32)
+        else:  # only bringing caches up to date: a cache-only graph (no FFN, no LM head)
+            outputs = np.zeros(0, np.int32)
         pos0 = np.array([r.pos0 for r in reqs], np.int64)
         slots = tuple(r.slot for r in reqs)
         res = self.mtp.run(MtpBatch(tokens, hidden, pos0, slots, outputs))

@@ -240,7 +240,7 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     drafts = drafter.draft(reqs)
     n_mtp = drafter.mtp.n_evals - before
     stats.n_mtp_evals += n_mtp
-    if policy is not None and n_mtp:
+    if policy is not None and n_mtp and any(r.n_max > 0 for r in reqs):
         policy.costs.observe("mtp", len(reqs), 1, (drafter.mtp.compute_ms_total - ms0) / n_mtp)
     none: list[int] = []
     dtoks = [drafts[s.slot].tokens if s.slot in drafts else none for s in live]
