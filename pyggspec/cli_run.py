@@ -127,6 +127,12 @@ def _spec_lines(stats: dict) -> list[str]:
               default="f16", show_default=True, help="MTP head KV cache type (K).")
 @click.option("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", "mtp_type_v",
               default="f16", show_default=True, help="MTP head KV cache type (V).")
+@click.option("-ctxcp", "--ctx-checkpoints", "ctx_checkpoints", type=click.IntRange(min=0),
+              default=4, show_default=True, help="Recurrent-state checkpoints kept per slot "
+              "for prompt reuse (host memory).")
+@click.option("--checkpoint-min-step", "checkpoint_min_step", type=click.IntRange(min=1),
+              default=512, show_default=True, help="Least prompt tokens between two "
+              "checkpoints (one is also saved at each prompt's end).")
 @sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
 def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
@@ -135,7 +141,8 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         ngl: str | None, device: str | None, overrides: tuple[str, ...], cpu_moe: bool,
         type_k: str, type_v: str, rpc: str | None, no_mmap: bool, no_repack: bool, ignore_eos: bool,
         spec_type: str, draft_model: Path | None, n_max: int, n_min: int, p_min: float,
-        draft_vocab: int, draft_fixed: bool, draft_head: str, rollback: str, mtp_type_k: str, mtp_type_v: str, sampling: SamplingOptions,
+        draft_vocab: int, draft_fixed: bool, draft_head: str, rollback: str, mtp_type_k: str, mtp_type_v: str,
+        ctx_checkpoints: int, checkpoint_min_step: int, sampling: SamplingOptions,
         as_json: bool) -> None:
     """Generate text from MODEL, optionally with MTP speculative decoding.
 
@@ -182,7 +189,9 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
                 type_v=type_v, use_mmap=not no_mmap, repack=not no_repack, progress=None if not as_json else False,
                 spec_type=spec_type, spec=spec, mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v,
                 draft_backend_sampling=sampling.draft_backend_sampling,
-                sampling=sampling.params, backend_sampling=sampling.backend_sampling) as engine:
+                sampling=sampling.params, backend_sampling=sampling.backend_sampling,
+                ctx_checkpoints=ctx_checkpoints,
+                checkpoint_min_step=checkpoint_min_step) as engine:
         if ids is not None:
             inputs: list = [ids]
         else:

@@ -154,6 +154,7 @@ class StateShapes:
 
     def add_kv(self, il: int, device: Device, n_embd_k: int, n_embd_v: int, n_slots: int,
                type_k: str, type_v: str) -> None:
+        self.n_slots = n_slots
         for kind, typ, width in (("k", type_k, n_embd_k), ("v", type_v, n_embd_v)):
             self._t[(kind, il)] = self.ph.new(typ, (width, self.n_ctx, n_slots),
                                               f"cache_{kind}_l{il}", device)

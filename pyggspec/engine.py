@@ -472,9 +472,10 @@ class Engine:
                 for s in pending}
 
     def step(self, seq_id: int, token: int) -> np.ndarray:
-        """Decode one token for one sequence; the logits row is overwritten by the next step.
+        """Decode one token for one sequence and return its logits row (a copy).
 
-        The fast path of generation: no per-call allocation beyond the UBatch view.
+        A low-level step outside the scheduler (which generation uses); the host arrays
+        of the ubatch are kept per sequence.
         """
         self._check_seq(seq_id)
         if not 0 <= token < self.n_vocab:
@@ -492,7 +493,9 @@ class Engine:
         ub.tokens[0, 0] = token
         ub.pos0[0] = n
         ub.state_src[0] = ub.state_dst[0, 0] = self.rs.row(seq_id)
-        return self.target.run(ub, copy=False).logits[0]
+        # a copy: on the CPU the graph's logits are read in place (valid until the next
+        # graph), and a caller may keep this row past it, even past close()
+        return self.target.run(ub, copy=False).logits[0].copy()
 
     def eval(self, tokens: Sequence[int], seq_id: int = 0) -> np.ndarray:
         """Append ``tokens`` to ``seq_id``; logits of every position, [n_tokens, n_vocab]."""

@@ -28,7 +28,7 @@ def model(tmp_path_factory):
 def engines(model):
     out = {"plain": Engine(model, n_ctx=256, n_parallel=4, n_threads=2, ctx_checkpoints=0),
            "spec": Engine(model, n_ctx=256, n_parallel=4, n_threads=2, ctx_checkpoints=0,
-                          spec_type="draft-mtp", spec=SpecConfig(n_max=3))}
+                          spec_type="draft-mtp", spec=SpecConfig(n_max=3, adaptive=False))}
     yield out
     for e in out.values():
         e.close()

@@ -1,8 +1,10 @@
-"""Attention KV cache: per layer, one contiguous region of ``n_ctx`` cells per sequence slot.
+"""Attention KV cache: per layer, ``n_ctx`` cells per sequence slot, slots interleaved.
 
-Cell ``p`` of a slot holds the key/value of the token at position ``p``; a sequence's
-positions are always ``0..length-1`` with no holes, so removing a tail is just lowering
-``length`` (the attention mask hides everything at or beyond it).
+The key/value of position ``p`` of slot ``s`` is cache row ``p * n_slots + s``, so the first
+``n`` positions of every slot are one contiguous block: a decode step attends over that
+block as a view whatever slots its sequences use (the mask hides the other slots' cells),
+and graphs never depend on which slots are live. A sequence's positions are always
+``0..length-1`` with no holes, so removing a tail is just lowering ``length``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_n
 
 
 class KVCache(LayerMemory):
-    """K and V tensors ``[n_embd_kv, n_ctx, n_slots]`` for each attention layer."""
+    """K and V tensors of ``n_ctx * n_slots`` rows for each attention layer (declared
+    ``[n_embd_kv, n_ctx, n_slots]``; row ``p * n_slots + s``, see the module docstring)."""
 
     def __init__(self, layer_devices: dict[int, Device], n_embd_k: int, n_embd_v: int,
                  n_ctx: int, n_slots: int, type_k: str = "f16", type_v: str = "f16",
@@ -57,12 +60,25 @@ class KVCache(LayerMemory):
         """Forget positions >= from_pos of ``slot``."""
         self.lengths[slot] = min(int(self.lengths[slot]), max(0, from_pos))
 
+    def row(self, slot: int, pos: int) -> int:
+        """Cache row of position ``pos`` of ``slot``."""
+        return pos * self.n_slots + slot
+
+    def cells(self, t: Tensor, slot: int, n: int) -> np.ndarray:
+        """Bytes of positions ``0..n-1`` of ``slot`` in cache tensor ``t`` (k or v of a
+        layer), one row each: [n, row_bytes] uint8."""
+        row = t.nb[1]
+        block = np.frombuffer(t.read_bytes(0, n * self.n_slots * row), np.uint8)
+        return block.reshape(n, self.n_slots, row)[:, slot].copy()
+
     def copy(self, src: int, dst: int) -> None:
         """Make ``dst`` a copy of ``src`` (the cells in use)."""
         n = int(self.lengths[src])
         for il in self.layers:
             for t in (self.k(il), self.v(il)):
-                row = t.nb[1]
-                data = t.read_bytes(src * self.n_ctx * row, n * row)
-                t.set(memoryview(data), dst * self.n_ctx * row)
+                row, S = t.nb[1], self.n_slots
+                block = np.frombuffer(t.read_bytes(0, n * S * row), np.uint8).copy()
+                b3 = block.reshape(n, S, row)
+                b3[:, dst] = b3[:, src]
+                t.set(memoryview(block), 0)
         self.lengths[dst] = n

@@ -137,74 +137,110 @@ def ffn(b: Builder, x: Tensor, il: int) -> Tensor:
 
 
 # --- gated full attention ---------------------------------------------------------------
+GATHER_MIN_T = 8  # ubatches of at least this many tokens per sequence gather their windows
+
+
 @dataclass
 class AttnInputs:
     """Graph inputs shared by every attention layer of one ubatch.
 
-    Which slots the sequences use is data, not shape: ``kv_idx`` says where each token's
-    K/V goes and ``kv_rows`` which cache rows each sequence attends over, so one graph
-    serves any combination of slots (continuous batching never rebuilds graphs).
+    The KV cache interleaves the slots: the K/V of position p of slot s is cache row
+    ``p * n_slots + s``. Which slots the sequences use is data, not shape, so one graph
+    serves any combination of slots (continuous batching never rebuilds graphs):
+
+    * ``window`` (decode / verify: few tokens): every sequence attends over the first
+      ``n_kv * n_slots`` rows, a plain view of the cache, with the other slots' cells
+      masked out (ggml's CPU flash attention skips masked cells, so they cost a compare);
+    * gather (prompt chunks of ``GATHER_MIN_T`` or more tokens per sequence, several
+      slots): each sequence's ``n_kv`` rows are gathered (``kv_rows``) into a contiguous
+      window, a copy amortised over the chunk's tokens, so attention does no extra work.
+
+    With one slot both are the plain contiguous window.
     """
 
     pos: Tensor  # I32 [4 * n_tokens]: (p, p, p, 0) per token, sectioned
-    mask: Tensor  # F16 [n_kv, T, 1, B]
-    kv_idx: Tensor  # I64 [n_tokens]: slot * n_ctx + pos, where each token's K/V goes
-    kv_rows: Tensor  # I32 [n_kv * B]: slot * n_ctx + 0..n_kv-1, the window of each sequence
+    mask: Tensor  # F16 gather: [n_kv, T, 1, B]; window: [n_kv * n_slots, T * B, 1, 1]
+    kv_idx: Tensor  # I64 [n_tokens]: pos * n_slots + slot, where each token's K/V goes
+    kv_rows: Tensor | None  # I32 [n_kv * B]: p * n_slots + slot (gather only)
     n_kv: int
-    n_ctx: int  # cells per slot
+    n_slots: int
+
+    @property
+    def gather(self) -> bool:
+        return self.kv_rows is not None
 
 
 class CausalInputs:
     """Positions, causal mask and KV cells of one ubatch: the graph inputs and the host
     arrays bound to them (filled in place every step, one C call per input)."""
 
-    def __init__(self, ctx: Context, T: int, B: int, n_kv: int, n_ctx: int,
+    def __init__(self, ctx: Context, T: int, B: int, n_kv: int, n_slots: int,
                  prefix: str = "") -> None:
         n = T * B
-        self.T, self.B, self.n_kv = T, B, n_kv
+        self.T, self.B, self.n_kv, self.S = T, B, n_kv, n_slots
+        gather = n_slots > 1 and T >= GATHER_MIN_T
+        width = n_kv if gather else n_kv * n_slots
         self.pos = ctx.input("i32", (4 * n,), f"{prefix}inp_pos")
-        self.mask = ctx.input("f16", (n_kv, T, 1, B), f"{prefix}kq_mask")
+        # gather: a mask per sequence; window: one row per token (the same bytes)
+        self.mask = ctx.input("f16", (width, T, 1, B) if gather else (width, n, 1, 1),
+                              f"{prefix}kq_mask")
         self.kv_idx = ctx.input("i64", (n,), f"{prefix}kv_idx")
-        self.kv_rows = ctx.input("i32", (n_kv * B,), f"{prefix}kv_rows")
-        self.attn = AttnInputs(self.pos, self.mask, self.kv_idx, self.kv_rows, n_kv, n_ctx)
+        self.kv_rows = ctx.input("i32", (n_kv * B,), f"{prefix}kv_rows") if gather else None
+        self.attn = AttnInputs(self.pos, self.mask, self.kv_idx, self.kv_rows, n_kv, n_slots)
         self._pos = np.zeros((4, n), np.int32)
-        self._mask = np.zeros((B, 1, T, n_kv), np.float16)
+        self._mask = np.zeros((B, 1, T, width), np.float16)
         self._kv_idx = np.zeros((B, T), np.int64)
         self._kv_rows = np.zeros((B, n_kv), np.int32)
         self._cells = np.arange(n_kv, dtype=np.int64)
-        self._cells32 = np.arange(n_kv, dtype=np.int32)
         self._t = np.arange(T, dtype=np.int64)
         self._p = np.zeros((B, T), np.int64)
         self._visible = np.zeros((B, T, n_kv), bool)
-        self._base = np.zeros((B, 1), np.int64)
+        self._slot = np.zeros((B, 1), np.int64)
         self._slots: tuple | None = None
 
     def bindings(self) -> list[HostBinding]:
-        return [HostBinding(self.pos, self._pos), HostBinding(self.mask, self._mask),
-                HostBinding(self.kv_idx, self._kv_idx), HostBinding(self.kv_rows, self._kv_rows)]
+        out = [HostBinding(self.pos, self._pos), HostBinding(self.mask, self._mask),
+               HostBinding(self.kv_idx, self._kv_idx)]
+        if self.kv_rows is not None:
+            out.append(HostBinding(self.kv_rows, self._kv_rows))
+        return out
 
-    def fill(self, pos0: np.ndarray, slots: tuple[int, ...], n_ctx: int) -> None:
-        """Token t of sequence b sits at pos0[b] + t and sees cache cells 0..its position."""
+    def fill(self, pos0: np.ndarray, slots: tuple[int, ...]) -> None:
+        """Token t of sequence b sits at pos0[b] + t and sees its slot's cells 0..its
+        position."""
+        S = self.S
         pos = self._p
         np.add(pos0[:, None], self._t[None, :], out=pos)  # [B, T]
         self._pos[:3] = pos.reshape(-1)  # M-RoPE: (p, p, p, 0) per token, sectioned
+        if slots != self._slots:  # only when the slots change
+            self._slots = tuple(slots)
+            self._slot[:, 0] = slots
+            if self.kv_rows is not None:
+                self._kv_rows[:] = self._cells[None, :] * S + self._slot
         np.less_equal(self._cells[None, None, :], pos[:, :, None], out=self._visible)
         m = self._mask[:, 0]
         m.fill(np.float16(-np.inf))
-        m[self._visible] = 0
-        if slots != self._slots:  # rows of each sequence's window: only when slots change
-            self._slots = tuple(slots)
-            self._base[:, 0] = np.asarray(slots, np.int64) * n_ctx
-            np.add(self._base.astype(np.int32), self._cells32[None, :], out=self._kv_rows)
-        np.add(self._base, pos, out=self._kv_idx)
+        if self.kv_rows is not None or S == 1:
+            m[self._visible] = 0
+        else:  # cell p * S + slot of the interleaved window
+            m4 = m.reshape(self.B, self.T, self.n_kv, S)
+            for b, slot in enumerate(self._slots):
+                m4[b, :, :, slot][self._visible[b]] = 0
+        np.multiply(pos, S, out=self._kv_idx)
+        self._kv_idx += self._slot
 
 
 def _kv_window(b: Builder, written: Tensor, cache: Tensor, hd: int, n_head_kv: int,
                inp: AttnInputs) -> Tensor:
-    """[hd, n_kv, H_kv, B] window of every sequence of the ubatch, gathered from the cache
-    rows ``kv_rows`` (after this ubatch's K/V were written) and cast back to the cache type,
-    so attention computes exactly what it would on a view of the cache."""
+    """The keys or values each sequence attends over, [hd, cells, H_kv, 1 or B]."""
     ctx = b.ctx
+    if not inp.gather:  # the first n_kv positions of every slot, a view of the cache
+        cell = written.nb[1]
+        v = ctx.view(written, (hd, n_head_kv, inp.n_kv * inp.n_slots, 1),
+                     (cell // n_head_kv, cell, cell * inp.n_kv * inp.n_slots), 0)
+        return ctx.permute(v, 0, 2, 1, 3)
+    # each sequence's own rows, gathered and cast back to the cache type, so attention
+    # computes exactly what it would on a contiguous view
     rows = ctx.get_rows(written, inp.kv_rows)  # f32 [n_embd_kv, n_kv * B]
     if cache.type != rows.type:
         rows = ctx.cpy(rows, ctx.new_tensor(cache.type, rows.shape))
@@ -251,7 +287,10 @@ def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
     b.graph.expand(k_written)
     b.graph.expand(v_written)
 
-    q4 = ctx.permute(ctx.reshape(q, (hd, n_head, T, B)), 0, 2, 1, 3)
+    if inp.gather:  # [hd, T, H, B] against each sequence's own window
+        q4 = ctx.permute(ctx.reshape(q, (hd, n_head, T, B)), 0, 2, 1, 3)
+    else:  # every token of the batch against the shared window, its mask row its own
+        q4 = ctx.permute(ctx.reshape(q, (hd, n_head, n_tok, 1)), 0, 2, 1, 3)
     kv = _kv_window(b, k_written, k_cache, hd, n_head_kv, inp)
     vv = _kv_window(b, v_written, v_cache, hd, n_head_kv, inp)
     o = ctx.flash_attn_ext(q4, kv, vv, inp.mask, 1.0 / math.sqrt(hd), f32_acc=True)

@@ -79,7 +79,7 @@ class TargetGraph:
             self.names: dict[str, Tensor] = {}
             b = Builder(ctx, graph, hp, weights.get, weights.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n_tok,), "inp_tokens")
-            self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_ctx)
+            self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_slots)
             self.src_rows = ctx.input("i32", (B,), "rs_src")
             self.dst_rows = ctx.input("i32", (B * shape.n_write,), "rs_dst")
             attn_in = self.causal.attn
@@ -156,7 +156,7 @@ class TargetGraph:
         if not self._bound:
             self._bind()
         self._tokens[:] = ub.tokens.reshape(-1)
-        self.causal.fill(ub.pos0, tuple(ub.slots), n_ctx)
+        self.causal.fill(ub.pos0, ub.slots)
         self._src[:] = ub.state_src
         self._dst[:] = ub.state_dst
         if self.out_ids is not None:
