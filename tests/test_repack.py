@@ -148,7 +148,8 @@ def test_speculation_lossless_with_repacked_weights(qdir, draft_vocab):
     res = {}
     for rp in (False, True):
         with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False, repack=rp,
-                    spec_type="draft-mtp", spec=SpecConfig(n_max=3, draft_vocab=draft_vocab)) as e:
+                    spec_type="draft-mtp",
+                    spec=SpecConfig(n_max=3, draft_vocab=draft_vocab, adaptive=False)) as e:
             r = e.generate(PROMPT[:4], max_tokens=40, ignore_eos=True)
             res[rp] = (r.tokens, e.stats.n_drafted, e.stats.n_accepted)
     with Engine(path, n_ctx=128, n_threads=2, load_tokenizer=False) as e:

@@ -200,6 +200,9 @@ class Scheduler:
                                    else err.message) from None
         if isinstance(req.stop, str) or not all(isinstance(s, str) for s in req.stop):
             raise RequestError("stop must be a list of strings")
+        if any(req.stop) and e.tokenizer is None:
+            raise RequestError("stop strings need the tokenizer (the engine was created "
+                               "with load_tokenizer=False)")
         if req.speculative and not e.spec_type:
             raise RequestError("speculative decoding needs an engine with an MTP head "
                                "(--spec-type draft-mtp)")
@@ -219,9 +222,11 @@ class Scheduler:
         finish). Returns False when there was nothing to do."""
         with self._step_lock:
             admitted = self._admit()
+            cancelled = False
             for a in list(self._active.values()):
                 if a.handle.cancelled:
                     self._finish(a, "cancelled")
+                    cancelled = True
             pre = [a for a in self._active.values() if a.seq is None]
             if pre:
                 self._prefill_step(pre)
@@ -231,7 +236,8 @@ class Scheduler:
             for a in list(self._active.values()):
                 if a.seq is not None:
                     self._emit(a)
-            return bool(admitted or pre or dec)
+            # a freed slot may admit a waiting request at the next step
+            return bool(admitted or pre or dec or (cancelled and self._waiting))
 
     def run_until_idle(self) -> None:
         """Step until no request is waiting or running (synchronous mode)."""
