@@ -87,6 +87,9 @@ def test_per_sequence_rates_and_exploration():
     assert p.rates(1)[0] > 0.9 and p.rates(0)[0] < 0.2
     picks = [p.choose([0], [3]) for _ in range(8)]
     assert picks.count(1) == 2 and picks.count(0) == 6  # every 4th step tries one more
+    q = DraftLengthPolicy(3, c, padded_rows, explore_every=1)
+    trained(q, 0, 0.97)
+    assert sorted({q.choose([0], [3]) for _ in range(8)}) == [2, 3]  # and sometimes one less
     assert sum(p.chosen) == 8 and p.to_dict()["chosen_lengths"][1] == 2
 
 

@@ -107,7 +107,7 @@ class DraftLengthPolicy:
     """Chooses the verify rows ``T`` (drafts = ``T - 1``) for a batch of sequences."""
 
     def __init__(self, n_max: int, costs: CostModel, pad: Callable[[int, int], int],
-                 explore_every: int = 8) -> None:
+                 explore_every: int = 4) -> None:
         self.n_max = n_max
         self.costs = costs
         self.pad = pad  # rows the verify graph really runs for (T, B)
@@ -148,7 +148,7 @@ class DraftLengthPolicy:
         before = PRIOR_RATE
         for i in range(self.n_max):
             d, a = self._all.drafted[i], self._all.accepted[i]
-            prior = (a + 2 * before) / (d + 2)
+            prior = (a + 4 * before) / (d + 4)
             r = (c.accepted[i] + PRIOR_WEIGHT * prior) / (c.drafted[i] + PRIOR_WEIGHT)
             out.append(r)
             before = r
@@ -164,7 +164,8 @@ class DraftLengthPolicy:
         return total
 
     # -- choice ------------------------------------------------------------------------------
-    def step_cost(self, B: int, T: int) -> float | None:
+    def modeled_cost(self, B: int, T: int) -> float | None:
+        """Graph compute of a step with ``T`` verify rows per sequence."""
         verify = self.costs.estimate("verify", B, self.pad(T, B))
         if verify is None:
             return None
@@ -174,6 +175,24 @@ class DraftLengthPolicy:
         if mtp is None:
             return None
         return verify + (T - 1) * mtp  # catch-up (first draft) + T - 2 one-row runs
+
+    def step_cost(self, B: int, T: int) -> float | None:
+        """What a whole step costs: its measured wall time when steps of this shape ran
+        (host work, allocations and the MTP batches included), else the modeled compute
+        scaled by how far measured steps of other lengths were above their model."""
+        wall = self.costs.ms.get(("step", B, T))
+        if wall is not None:
+            return wall
+        model = self.modeled_cost(B, T)
+        if model is None:
+            return None
+        ratios = [v / m for (k, b, t), v in self.costs.ms.items()
+                  if k == "step" and b == B and (m := self.modeled_cost(b, t))]
+        return model * (statistics.median(ratios) if ratios else 1.0)
+
+    def observe_step(self, B: int, T: int, wall_ms: float) -> None:
+        """A whole step with ``T`` verify rows per sequence took ``wall_ms``."""
+        self.costs.observe("step", B, T, wall_ms)
 
     def choose(self, slots: Sequence[int], caps: Sequence[int]) -> int:
         """Drafts per sequence for this step (every sequence drafts up to this many, each
@@ -193,8 +212,12 @@ class DraftLengthPolicy:
             if tokens / cost > best * (1 + 1e-9):
                 best_k, best = k, tokens / cost
         self._steps += 1
-        if best_k < limit and self.explore_every and self._steps % self.explore_every == 0:
-            best_k += 1
+        if self.explore_every and self._steps % self.explore_every == 0:
+            # now and then a neighbouring length, so its cost and acceptance stay measured:
+            # mostly one more (a deeper position is learnt only by drafting it), sometimes
+            # one less (its cost is what the choice compares against)
+            down = (self._steps // self.explore_every) % 4 == 0 and best_k > 0
+            best_k = best_k - 1 if down else min(limit, best_k + 1)
         return self._count(best_k)
 
     def _count(self, k: int) -> int:

@@ -15,6 +15,7 @@ target's logits at that position, drawn in order, so the output equals plain dec
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -209,6 +210,7 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
     (only candidates or ids come back), else on the host from the logits. A sequence with
     ``spec`` off rides along without drafts (one row, padded like the others).
     """
+    t_step = time.perf_counter()
     live = [s for s in seqs if not s.done]
     if not live:
         return
@@ -223,9 +225,10 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
             caps[s.slot] = max(0, min(cap, s.room(n_ctx) - 1))
             if policy is not None:
                 policy.bind(s.slot, s)
+    chosen = None
     if policy is not None and caps:
-        k = policy.choose(list(caps), list(caps.values()))
-        caps = {slot: min(c, k) for slot, c in caps.items()}
+        chosen = policy.choose(list(caps), list(caps.values()))
+        caps = {slot: min(c, chosen) for slot, c in caps.items()}
     reqs = []
     deferred: set[int] = set()
     for s in live:
@@ -332,6 +335,8 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
         for s in live:
             if s.slot in replay and s.stats is not None:
                 s.stats.n_target_evals += 1
+    if chosen is not None:  # the policy learns what whole steps of this length cost
+        policy.observe_step(len(caps), chosen + 1, (time.perf_counter() - t_step) * 1000)
 
 
 class PlainStepper:
