@@ -111,9 +111,9 @@ def _spec_lines(stats: dict) -> list[str]:
               show_default=True, help="Drop drafts shorter than this.")
 @click.option("--spec-draft-p-min", "p_min", type=click.FloatRange(0.0, 1.0), default=0.0,
               show_default=True, help="Stop drafting below this probability (full softmax).")
-@click.option("--spec-draft-fixed", "draft_fixed", is_flag=True,
-              help="Always draft --spec-draft-n-max tokens (default: the length each step "
-              "is chosen from measured acceptance and costs, n_max the cap).")
+@click.option("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive", default=False,
+              show_default=True, help="Choose each step's draft length from measured "
+              "acceptance and costs (--spec-draft-n-max the cap), or always draft n_max.")
 @click.option("--spec-draft-head", "draft_head", metavar="TYPE", default="",
               help="Draft with a copy of the LM head in this ggml type (e.g. q4_0); the "
               "target still verifies with its own weights.")
@@ -141,7 +141,7 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         ngl: str | None, device: str | None, overrides: tuple[str, ...], cpu_moe: bool,
         type_k: str, type_v: str, rpc: str | None, no_mmap: bool, no_repack: bool, ignore_eos: bool,
         spec_type: str, draft_model: Path | None, n_max: int, n_min: int, p_min: float,
-        draft_vocab: int, draft_fixed: bool, draft_head: str, rollback: str, mtp_type_k: str, mtp_type_v: str,
+        draft_vocab: int, draft_adaptive: bool, draft_head: str, rollback: str, mtp_type_k: str, mtp_type_v: str,
         ctx_checkpoints: int, checkpoint_min_step: int, sampling: SamplingOptions,
         as_json: bool) -> None:
     """Generate text from MODEL, optionally with MTP speculative decoding.
@@ -181,7 +181,7 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
                 add_rpc_server(ep.strip())
     spec = SpecConfig(n_max=n_max, n_min=n_min, p_min=p_min, rollback=rollback,
                       draft_vocab=draft_vocab, draft_head=draft_head,
-                      adaptive=not draft_fixed)
+                      adaptive=draft_adaptive)
     with Engine(model, mtp_path=draft_model, n_ctx=n_ctx, n_parallel=n_parallel,
                 n_threads=n_threads, n_batch=n_batch, n_ubatch=n_ubatch,
                 n_gpu_layers=_parse_ngl(ngl), device=device,

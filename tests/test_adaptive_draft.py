@@ -130,7 +130,8 @@ def _gen(path, prompts, n, sampling=None, pinned=None, **spec):
     from pyggspec.engine import Engine
     from pyggspec.speculative.loop import SpecConfig
 
-    kw = {"spec_type": "draft-mtp", "spec": SpecConfig(**spec)} if spec else {}
+    spec.setdefault("adaptive", True)
+    kw = {"spec_type": "draft-mtp", "spec": SpecConfig(**spec)} if len(spec) > 1 else {}
     with Engine(path, n_ctx=256, n_parallel=len(prompts), n_threads=2, load_tokenizer=False,
                 **kw) as e:
         if pinned is not None:

@@ -66,9 +66,9 @@ from pyggspec.sampling import SamplingOptions, sampling_options
               show_default=True, help="Drop drafts shorter than this.")
 @click.option("--spec-draft-p-min", "p_min", type=click.FloatRange(0.0, 1.0), default=0.0,
               show_default=True, help="Stop drafting below this probability.")
-@click.option("--spec-draft-fixed", "draft_fixed", is_flag=True,
-              help="Always draft --spec-draft-n-max tokens (default: the length each step "
-              "is chosen from measured acceptance and costs, n_max the cap).")
+@click.option("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive", default=False,
+              show_default=True, help="Choose each step's draft length from measured "
+              "acceptance and costs (--spec-draft-n-max the cap), or always draft n_max.")
 @click.option("--spec-draft-head", "draft_head", metavar="TYPE", default="",
               help="Draft with a copy of the LM head in this ggml type (e.g. q4_0); the "
               "target still verifies with its own weights.")
@@ -100,7 +100,7 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
           n_ubatch: int, n_threads: int | None, ngl: str | None, device: str | None,
           overrides: tuple[str, ...], cpu_moe: bool, type_k: str, type_v: str, rpc: str | None,
           no_mmap: bool, no_repack: bool, spec_type: str, draft_model: Path | None, n_max: int,
-          n_min: int, p_min: float, draft_vocab: int, draft_fixed: bool, draft_head: str,
+          n_min: int, p_min: float, draft_vocab: int, draft_adaptive: bool, draft_head: str,
           rollback: str,
           mtp_type_k: str, mtp_type_v: str, ctx_checkpoints: int, checkpoint_min_step: int,
           jinja: bool, chat_template_file: Path | None, log_level: str,
@@ -142,7 +142,7 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
                 add_rpc_server(ep.strip())
     spec = SpecConfig(n_max=n_max, n_min=n_min, p_min=p_min, rollback=rollback,
                       draft_vocab=draft_vocab, draft_head=draft_head,
-                      adaptive=not draft_fixed)
+                      adaptive=draft_adaptive)
     engine = Engine(model, mtp_path=draft_model, n_ctx=n_ctx, n_parallel=n_parallel,
                     n_threads=n_threads, n_batch=n_batch, n_ubatch=n_ubatch,
                     n_gpu_layers=_parse_ngl(ngl), device=device,
@@ -163,7 +163,7 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
             app = create_app(engine, config, max_queue=max_queue)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-        spec_desc = (f"draft-mtp n_max {n_max}" + (" fixed" if draft_fixed else " adaptive")
+        spec_desc = (f"draft-mtp n_max {n_max}" + (" adaptive" if draft_adaptive else " fixed")
                      + (f" p_min {p_min}" if p_min else "")
                      + f", rollback {engine.rollback}" if engine.spec_type else "none")
 

@@ -33,7 +33,9 @@ class SpecConfig:
     rollback: str = "auto"  # "auto" | "snapshot" | "checkpoint"
     draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
     draft_head: str = ""  # --spec-draft-head: ggml type of a draft-only LM head copy ("": none)
-    adaptive: bool = True  # draft length chosen per step (n_max the cap); --spec-draft-fixed
+    # draft length chosen per step from measured acceptance and costs (n_max the cap):
+    # --spec-draft-adaptive. Off by default until it beats a fixed n_max (docs/benchmarks.md)
+    adaptive: bool = False
 
 
 @dataclass
