@@ -15,6 +15,7 @@ import click
 from pyggspec.cli import CONTEXT_SETTINGS, _parse_ngl, _parse_overrides, fmt_bytes, main
 from pyggspec.errors import PyggspecError
 from pyggspec.sampling import SamplingOptions, sampling_options
+from pyggspec.speculative.options import SpecOptions, spec_options
 
 
 def _parse_prompt_tokens(value: str | None) -> list[int] | None:
@@ -100,33 +101,7 @@ def _spec_lines(stats: dict) -> list[str]:
 @click.option("-nr", "--no-repack", is_flag=True,
               help="Keep CPU weights as stored (no repacking into ggml's CPU extra buffer types).")
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
-@click.option("--spec-type", "spec_type", type=click.Choice(["none", "draft-mtp"]),
-              default="none", show_default=True, help="Speculative decoding.")
-@click.option("-md", "--spec-draft-model", "--model-draft", "draft_model",
-              type=click.Path(path_type=Path), default=None,
-              help="Separate MTP-only GGUF (mtp-*.gguf) for --spec-type draft-mtp.")
-@click.option("--spec-draft-n-max", "n_max", type=click.IntRange(min=1), default=3,
-              show_default=True, help="Most tokens drafted per step.")
-@click.option("--spec-draft-n-min", "n_min", type=click.IntRange(min=0), default=0,
-              show_default=True, help="Drop drafts shorter than this.")
-@click.option("--spec-draft-p-min", "p_min", type=click.FloatRange(0.0, 1.0), default=0.0,
-              show_default=True, help="Stop drafting below this probability (full softmax).")
-@click.option("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive", default=False,
-              show_default=True, help="Choose each step's draft length from measured "
-              "acceptance and costs (--spec-draft-n-max the cap), or always draft n_max.")
-@click.option("--spec-draft-head", "draft_head", metavar="TYPE", default="",
-              help="Draft with a copy of the LM head in this ggml type (e.g. q4_0); the "
-              "target still verifies with its own weights.")
-@click.option("--spec-draft-vocab", "draft_vocab", type=click.IntRange(min=0), default=0,
-              show_default=True, help="Draft over the first N token ids only (0: all); the "
-              "LM head dominates a draft step. Not with --spec-draft-p-min.")
-@click.option("--spec-rollback", "rollback", type=click.Choice(["auto", "snapshot",
-              "checkpoint"]), default="auto", show_default=True,
-              help="Recurrent-state rollback after partial acceptance.")
-@click.option("-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", "mtp_type_k",
-              default="f16", show_default=True, help="MTP head KV cache type (K).")
-@click.option("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", "mtp_type_v",
-              default="f16", show_default=True, help="MTP head KV cache type (V).")
+@spec_options
 @click.option("-ctxcp", "--ctx-checkpoints", "ctx_checkpoints", type=click.IntRange(min=0),
               default=4, show_default=True, help="Recurrent-state checkpoints kept per slot "
               "for prompt reuse (host memory).")
@@ -140,16 +115,13 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         n_ctx: int, n_parallel: int, n_batch: int, n_ubatch: int, n_threads: int | None,
         ngl: str | None, device: str | None, overrides: tuple[str, ...], cpu_moe: bool,
         type_k: str, type_v: str, rpc: str | None, no_mmap: bool, no_repack: bool, ignore_eos: bool,
-        spec_type: str, draft_model: Path | None, n_max: int, n_min: int, p_min: float,
-        draft_vocab: int, draft_adaptive: bool, draft_head: str, rollback: str, mtp_type_k: str, mtp_type_v: str,
-        ctx_checkpoints: int, checkpoint_min_step: int, sampling: SamplingOptions,
+        spec: SpecOptions, ctx_checkpoints: int, checkpoint_min_step: int, sampling: SamplingOptions,
         as_json: bool) -> None:
     """Generate text from MODEL, optionally with MTP speculative decoding.
 
     Sampling follows llama.cpp's flags and defaults (--temp 0.8 ...; --temp 0 is greedy).
     """
     from pyggspec.engine import Engine
-    from pyggspec.speculative.loop import SpecConfig
 
     ids = _parse_prompt_tokens(prompt_tokens)
     texts = list(prompts)
@@ -157,12 +129,9 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         texts.append(prompt_file.read_text())
     if ids is None and not texts:
         raise click.UsageError("give a prompt with -p, -f or --prompt-tokens")
-    if n_min > n_max:
-        raise click.BadParameter(f"{n_min} > --spec-draft-n-max {n_max}",
-                                 param_hint="'--spec-draft-n-min'")
     demo = False
     if model is None:
-        if spec_type != "draft-mtp":
+        if spec.spec_type != "draft-mtp":
             raise click.UsageError("missing -m/--model (only --spec-type draft-mtp has a "
                                    "built-in demo model)")
         from pyggspec.demo import demo_model
@@ -179,16 +148,12 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         for ep in rpc.split(","):
             if ep:
                 add_rpc_server(ep.strip())
-    spec = SpecConfig(n_max=n_max, n_min=n_min, p_min=p_min, rollback=rollback,
-                      draft_vocab=draft_vocab, draft_head=draft_head,
-                      adaptive=draft_adaptive)
-    with Engine(model, mtp_path=draft_model, n_ctx=n_ctx, n_parallel=n_parallel,
+    with Engine(model, n_ctx=n_ctx, n_parallel=n_parallel,
                 n_threads=n_threads, n_batch=n_batch, n_ubatch=n_ubatch,
                 n_gpu_layers=_parse_ngl(ngl), device=device,
                 override_tensor=_parse_overrides(overrides), cpu_moe=cpu_moe, type_k=type_k,
                 type_v=type_v, use_mmap=not no_mmap, repack=not no_repack, progress=None if not as_json else False,
-                spec_type=spec_type, spec=spec, mtp_type_k=mtp_type_k, mtp_type_v=mtp_type_v,
-                draft_backend_sampling=sampling.draft_backend_sampling,
+                **spec.engine_kwargs, draft_backend_sampling=sampling.draft_backend_sampling,
                 sampling=sampling.params, backend_sampling=sampling.backend_sampling,
                 ctx_checkpoints=ctx_checkpoints,
                 checkpoint_min_step=checkpoint_min_step) as engine:

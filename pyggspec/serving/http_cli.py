@@ -15,6 +15,7 @@ import click
 
 from pyggspec.cli import CONTEXT_SETTINGS, _parse_ngl, _parse_overrides, main
 from pyggspec.sampling import SamplingOptions, sampling_options
+from pyggspec.speculative.options import SpecOptions, spec_options
 
 
 @main.command(context_settings=CONTEXT_SETTINGS)
@@ -55,31 +56,7 @@ from pyggspec.sampling import SamplingOptions, sampling_options
               help="Add remote ggml RPC servers as devices.")
 @click.option("--no-mmap", is_flag=True, help="Copy CPU weights instead of mapping the file.")
 @click.option("-nr", "--no-repack", is_flag=True, help="Keep CPU weights as stored.")
-@click.option("--spec-type", "spec_type", type=click.Choice(["none", "draft-mtp"]),
-              default="none", show_default=True, help="Speculative decoding.")
-@click.option("-md", "--spec-draft-model", "--model-draft", "draft_model",
-              type=click.Path(path_type=Path), default=None,
-              help="Separate MTP-only GGUF for --spec-type draft-mtp.")
-@click.option("--spec-draft-n-max", "n_max", type=click.IntRange(min=1), default=3,
-              show_default=True, help="Most tokens drafted per step.")
-@click.option("--spec-draft-n-min", "n_min", type=click.IntRange(min=0), default=0,
-              show_default=True, help="Drop drafts shorter than this.")
-@click.option("--spec-draft-p-min", "p_min", type=click.FloatRange(0.0, 1.0), default=0.0,
-              show_default=True, help="Stop drafting below this probability.")
-@click.option("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive", default=False,
-              show_default=True, help="Choose each step's draft length from measured "
-              "acceptance and costs (--spec-draft-n-max the cap), or always draft n_max.")
-@click.option("--spec-draft-head", "draft_head", metavar="TYPE", default="",
-              help="Draft with a copy of the LM head in this ggml type (e.g. q4_0); the "
-              "target still verifies with its own weights.")
-@click.option("--spec-draft-vocab", "draft_vocab", type=click.IntRange(min=0), default=0,
-              show_default=True, help="Draft over the first N token ids only (0: all).")
-@click.option("--spec-rollback", "rollback", type=click.Choice(["auto", "snapshot",
-              "checkpoint"]), default="auto", show_default=True)
-@click.option("-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", "mtp_type_k",
-              default="f16", show_default=True)
-@click.option("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", "mtp_type_v",
-              default="f16", show_default=True)
+@spec_options
 @click.option("-ctxcp", "--ctx-checkpoints", "ctx_checkpoints", type=click.IntRange(min=0),
               default=4, show_default=True,
               help="Recurrent-state checkpoints kept per slot for prompt reuse (host memory).")
@@ -99,10 +76,7 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
           n_parallel: int, max_queue: int, n_ctx: int, n_predict: int, n_batch: int,
           n_ubatch: int, n_threads: int | None, ngl: str | None, device: str | None,
           overrides: tuple[str, ...], cpu_moe: bool, type_k: str, type_v: str, rpc: str | None,
-          no_mmap: bool, no_repack: bool, spec_type: str, draft_model: Path | None, n_max: int,
-          n_min: int, p_min: float, draft_vocab: int, draft_adaptive: bool, draft_head: str,
-          rollback: str,
-          mtp_type_k: str, mtp_type_v: str, ctx_checkpoints: int, checkpoint_min_step: int,
+          no_mmap: bool, no_repack: bool, spec: SpecOptions, ctx_checkpoints: int, checkpoint_min_step: int,
           jinja: bool, chat_template_file: Path | None, log_level: str,
           sampling: SamplingOptions) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
@@ -114,17 +88,12 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
     from pyggspec.engine import Engine
     from pyggspec.serving.server import ServerConfig, create_app
     from pyggspec.serving.server import serve as run_server
-    from pyggspec.speculative.loop import SpecConfig
-
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    if n_min > n_max:
-        raise click.BadParameter(f"{n_min} > --spec-draft-n-max {n_max}",
-                                 param_hint="'--spec-draft-n-min'")
     template = chat_template_file.read_text() if chat_template_file is not None else None
     synthetic = False
     if model is None:
-        if spec_type != "draft-mtp":
+        if spec.spec_type != "draft-mtp":
             raise click.UsageError("missing -m/--model (only --spec-type draft-mtp has a "
                                    "built-in demo model)")
         from pyggspec.demo import demo_model
@@ -140,17 +109,12 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
         for ep in rpc.split(","):
             if ep:
                 add_rpc_server(ep.strip())
-    spec = SpecConfig(n_max=n_max, n_min=n_min, p_min=p_min, rollback=rollback,
-                      draft_vocab=draft_vocab, draft_head=draft_head,
-                      adaptive=draft_adaptive)
-    engine = Engine(model, mtp_path=draft_model, n_ctx=n_ctx, n_parallel=n_parallel,
+    engine = Engine(model, n_ctx=n_ctx, n_parallel=n_parallel,
                     n_threads=n_threads, n_batch=n_batch, n_ubatch=n_ubatch,
                     n_gpu_layers=_parse_ngl(ngl), device=device,
                     override_tensor=_parse_overrides(overrides), cpu_moe=cpu_moe, type_k=type_k,
                     type_v=type_v, use_mmap=not no_mmap, repack=not no_repack,
-                    spec_type=spec_type, spec=spec, mtp_type_k=mtp_type_k,
-                    mtp_type_v=mtp_type_v,
-                    draft_backend_sampling=sampling.draft_backend_sampling,
+                    **spec.engine_kwargs, draft_backend_sampling=sampling.draft_backend_sampling,
                     sampling=sampling.params, backend_sampling=sampling.backend_sampling,
                     ctx_checkpoints=ctx_checkpoints, checkpoint_min_step=checkpoint_min_step)
     with engine:
@@ -163,8 +127,9 @@ def serve(model: Path | None, alias: str | None, host: str, port: int, api_key: 
             app = create_app(engine, config, max_queue=max_queue)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
-        spec_desc = (f"draft-mtp n_max {n_max}" + (" adaptive" if draft_adaptive else " fixed")
-                     + (f" p_min {p_min}" if p_min else "")
+        cfg = spec.config
+        spec_desc = (f"draft-mtp n_max {cfg.n_max}" + (" adaptive" if cfg.adaptive else " fixed")
+                     + (f" p_min {cfg.p_min}" if cfg.p_min else "")
                      + f", rollback {engine.rollback}" if engine.spec_type else "none")
 
         def on_listen(url: str) -> None:
