@@ -273,29 +273,11 @@ class Tokenizer:
 
     def _jinja_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
                     **kwargs: Any) -> str:
-        import json
-        from datetime import datetime
-
         import jinja2
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(msg: str) -> None:
-            raise jinja2.TemplateError(msg)
-
-        def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-                   separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                              separators=separators, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
         piece = self.token_to_piece
         try:
-            tmpl = env.from_string(self.chat_template or "")
+            tmpl = compile_chat_template(self.chat_template or "")
             return tmpl.render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
@@ -361,3 +343,30 @@ class Detokenizer:
         """True while bytes of an incomplete character are held back."""
         return bool(self._dec.getstate()[0])
 
+
+
+def compile_chat_template(source: str) -> Any:
+    """A GGUF chat template as a sandboxed Jinja2 template with the helpers HF templates
+    use (``raise_exception``, ``tojson`` with its keyword arguments, ``strftime_now``).
+    Raises ``jinja2.TemplateSyntaxError`` when it does not compile."""
+    import json
+    from datetime import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(msg: str) -> None:
+        raise jinja2.TemplateError(msg)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)

@@ -14,9 +14,7 @@ ChatML, llama-server's fallback. Per-request ``chat_template_kwargs`` (e.g.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from pyggspec.serving.protocol import ApiError
@@ -65,24 +63,11 @@ class ChatTemplate:
     @staticmethod
     def _compile(source: str) -> Any:
         import jinja2
-        import jinja2.ext
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(msg: str) -> None:
-            raise jinja2.TemplateError(msg)
+        from pyggspec.tokenizer import compile_chat_template
 
-        def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-                   separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                              separators=separators, sort_keys=sort_keys)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=[jinja2.ext.loopcontrols])
-        env.filters["tojson"] = tojson
-        env.globals["raise_exception"] = raise_exception
-        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
-            return env.from_string(source)
+            return compile_chat_template(source)
         except jinja2.TemplateSyntaxError as e:
             raise ValueError(f"the chat template does not compile: {e}") from None
 
