@@ -28,20 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import LlamaServer, bench_model, run_child
-
-from pyggspec.modelfile import open_model
+from benchlib import LlamaServer, bench_model, bench_prompt, run_child
 
 N_PROMPT = 32
 
 
-def prompts(n: int, n_vocab: int = 248320) -> list[list[int]]:
-    rng = np.random.default_rng(0)
-    hi = min(5000, n_vocab)
-    return [[int(t) for t in rng.integers(hi // 16, hi, size=N_PROMPT)] for _ in range(n)]
+def prompts(n: int, path: Path) -> list[list[int]]:
+    """``n`` distinct seeded prompts inside the model's vocabulary (the same for both engines)."""
+    return [bench_prompt(N_PROMPT, path, seed=i) for i in range(n)]
 
 
 def run_llama(path: Path, args: argparse.Namespace, P: int, n_max: int, repack: bool) -> dict:
@@ -51,8 +46,8 @@ def run_llama(path: Path, args: argparse.Namespace, P: int, n_max: int, repack: 
     if not repack:
         flags.append("--no-repack")
     with LlamaServer(path, flags) as srv:
-        srv.complete(prompts(1, args.n_vocab)[0][:8], 4)  # warm-up, as our engine warms its graphs
-        res, wall = srv.complete_many(prompts(P, args.n_vocab), args.n)
+        srv.complete(prompts(1, path)[0][:8], 4)  # warm-up, as our engine warms its graphs
+        res, wall = srv.complete_many(prompts(P, path), args.n)
     tim = [r["timings"] for r in res]
     n_gen = sum(t["predicted_n"] for t in tim)
     out = {"tokens": [r.get("tokens", []) for r in res],
@@ -75,7 +70,7 @@ def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
 import json, time
 from pyggspec.engine import Engine
 from pyggspec.speculative.loop import SpecConfig
-prompts = {prompts(P, args.n_vocab)!r}
+prompts = {prompts(P, path)!r}
 with Engine({str(path)!r}, n_ctx={args.ctx}, n_parallel={P}, n_threads={args.threads},
             load_tokenizer=False, progress=False{kw}) as e:
     e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)  # warm-up
@@ -129,8 +124,6 @@ def main() -> int:
         runs += [(f"llama n={k}{tag}", "llama", k, rp, "") for k in args.n_max]
     for agr, qt, given in models:
         path = given or bench_model(agr, qt)
-        with open_model(path) as m:
-            args.n_vocab = m.trunk.n_vocab
         for P in args.parallel:
             reps: list[dict[str, dict]] = []
             for rep in range(args.reps):

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,9 +35,8 @@ from pathlib import Path
 import httpx
 from typing_extensions import Self
 
-ROOT = Path(__file__).resolve().parent.parent
-TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build")) / "bin"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import CACHE, TOOLS, free_port
 
 
 def default_model() -> Path:
@@ -47,12 +44,6 @@ def default_model() -> Path:
     from pyggspec.testing import cached_model, qwen35_0_8b
 
     return cached_model(qwen35_0_8b(dtype="q8_0", agreement=0.95), CACHE)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_cmd(engine: str, args: argparse.Namespace, spec: bool, port: int) -> list[str]:
