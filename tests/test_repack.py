@@ -231,7 +231,8 @@ def test_amx_probe_child_runs_here():
 @pytest.mark.parametrize("repack", [False, True])
 def test_requantized_copy_of_a_weight(qdir, repack):
     """A lower-bit copy (the draft LM head): ggml's own quantization of the dequantized
-    rows, on the same device, repacked where ggml takes it; its products stay close."""
+    rows, on the same device, repacked where ggml takes it (the bytes are compared in the
+    plain buffer; drafting with a repacked copy is test_draft_head_copy_is_lossless)."""
     from gguf.quants import GGMLQuantizationType, dequantize
 
     from pyggspec.ggml.quantize import quantize_rows
