@@ -71,6 +71,7 @@ class GraphRunner:
         self.sched = sched
         self.graphs = StepPromptCache(self, cache_size, PROMPT_GRAPHS)
         self._step_scheds: OrderedDict[Hashable, Scheduler] = OrderedDict()
+        self._sched_keys: dict[Hashable, Hashable] = {}  # shape -> shape without its window
         self.step_rows = 1  # rows per sequence of the largest step graph (engine sets it)
         self.n_builds = 0  # graphs built, first builds and rebuilds alike
         self.n_rebuilds = 0  # builds of a shape built before (a cache eviction or a switch)
@@ -84,7 +85,9 @@ class GraphRunner:
         """The scheduler that runs ``shape``'s graph (see the class docstring)."""
         if not self.sched.multi_backend or shape.n_seq_tokens > self.step_rows:  # type: ignore[attr-defined]
             return self.sched
-        key = dataclasses.replace(shape, n_kv=0)  # type: ignore[type-var]
+        key = self._sched_keys.get(shape)
+        if key is None:  # once per shape, not per step
+            key = self._sched_keys[shape] = dataclasses.replace(shape, n_kv=0)  # type: ignore[type-var]
         s = self._step_scheds.get(key)
         if s is None:
             s = self._step_scheds[key] = self.sched.spawn()
