@@ -102,6 +102,9 @@ struct ggml_tensor * ggml_exp(struct ggml_context * ctx, struct ggml_tensor * a)
 struct ggml_tensor * ggml_abs(struct ggml_context * ctx, struct ggml_tensor * a);
 struct ggml_tensor * ggml_neg(struct ggml_context * ctx, struct ggml_tensor * a);
 struct ggml_tensor * ggml_step(struct ggml_context * ctx, struct ggml_tensor * a);
+struct ggml_tensor * ggml_floor(struct ggml_context * ctx, struct ggml_tensor * a);
+struct ggml_tensor * ggml_relu(struct ggml_context * ctx, struct ggml_tensor * a);
+struct ggml_tensor * ggml_cast(struct ggml_context * ctx, struct ggml_tensor * a, enum ggml_type type);
 struct ggml_tensor * ggml_sigmoid(struct ggml_context * ctx, struct ggml_tensor * a);
 struct ggml_tensor * ggml_silu(struct ggml_context * ctx, struct ggml_tensor * a);
 struct ggml_tensor * ggml_softplus(struct ggml_context * ctx, struct ggml_tensor * a);

@@ -183,6 +183,16 @@ class Context:
     def step(self, a: Tensor) -> Tensor:
         return self._unary(_lib.lib.ggml_step, a)
 
+    def floor(self, a: Tensor) -> Tensor:
+        return self._unary(_lib.lib.ggml_floor, a)
+
+    def relu(self, a: Tensor) -> Tensor:
+        return self._unary(_lib.lib.ggml_relu, a)
+
+    def cast(self, a: Tensor, type: GGMLType | str | int) -> Tensor:
+        """Convert element type (f32 -> i32 truncates; exact for integer values)."""
+        return self._unary(_lib.lib.ggml_cast, a, int(GGMLType.parse(type)))
+
     def sigmoid(self, a: Tensor) -> Tensor:
         return self._unary(_lib.lib.ggml_sigmoid, a)
 
