@@ -276,6 +276,7 @@ ggml_backend_reg_t pyggspec_rpc_add_server(const char * endpoint);
 int  pyggspec_rpc_start_server(const char * endpoint, const char * cache_dir, size_t n_threads);
 bool pyggspec_backend_set_n_threads(ggml_backend_t backend, int n_threads);
 void pyggspec_ctx_forget_alloc(struct ggml_context * ctx);
+struct ggml_tensor * pyggspec_view_bits(struct ggml_context * ctx, struct ggml_tensor * a, enum ggml_type type);
 
 /* ---- weights upload (pyggspec/weights.py): CPU buffers over the file's mmap ---------- */
 ggml_backend_buffer_t ggml_backend_dev_buffer_from_host_ptr(ggml_backend_dev_t device, void * ptr, size_t size, size_t max_tensor_size);

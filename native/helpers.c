@@ -119,3 +119,19 @@ void pyggspec_ctx_forget_alloc(struct ggml_context * ctx) {
         t->extra = NULL;
     }
 }
+
+/* The same bytes as ``a`` read as another 4-byte element type (f32 <-> i32): a bit-level
+ * reinterpretation, which ggml's API has no op for. Sampling noise uses it to take a
+ * float's exponent and mantissa apart exactly (pyggspec/sampling/noise.py). */
+struct ggml_tensor * pyggspec_view_bits(struct ggml_context * ctx, struct ggml_tensor * a,
+                                        enum ggml_type type) {
+    if (ggml_type_size(a->type) != 4 || ggml_type_size(type) != 4 || ggml_blck_size(a->type) != 1
+            || ggml_blck_size(type) != 1) {
+        return NULL;
+    }
+    /* a VIEW op (src[0] = a), so that graphs order it after a and schedulers follow it */
+    struct ggml_tensor * t = ggml_view_4d(ctx, a, a->ne[0], a->ne[1], a->ne[2], a->ne[3],
+                                          a->nb[1], a->nb[2], a->nb[3], 0);
+    t->type = type;
+    return t;
+}

@@ -193,6 +193,14 @@ class Context:
         """Convert element type (f32 -> i32 truncates; exact for integer values)."""
         return self._unary(_lib.lib.ggml_cast, a, int(GGMLType.parse(type)))
 
+    def view_bits(self, a: Tensor, type: GGMLType | str | int) -> Tensor:
+        """``a``'s bytes read as another 4-byte type (f32 <-> i32): a bit reinterpretation,
+        not a conversion."""
+        self._check_room()
+        ptr = _lib.lib.pyggspec_view_bits(self.ptr, a.ptr, int(GGMLType.parse(type)))
+        _need(ptr != _lib.ffi.NULL, f"view_bits: {a.type} and {type} are not both 4-byte types")
+        return self._wrap(ptr)
+
     def sigmoid(self, a: Tensor) -> Tensor:
         return self._unary(_lib.lib.ggml_sigmoid, a)
 

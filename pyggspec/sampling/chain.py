@@ -19,6 +19,7 @@ from pyggspec.ggml.context import Context, GraphError
 from pyggspec.ggml.device import Device
 from pyggspec.ggml.sched import Graph
 from pyggspec.ggml.tensor import HostBinding, Tensor
+from pyggspec.sampling import noise as N
 from pyggspec.sampling import stages as S
 from pyggspec.sampling.params import DEFAULT_SEED, SamplingParams
 
@@ -75,7 +76,7 @@ class SamplerChain:
         if seed == DEFAULT_SEED:
             seed = int.from_bytes(os.urandom(8), "little")
         self.seed = seed
-        self.key = S.splitmix64(seed)
+        self.key = N.splitmix64(seed)
         self.n_sampled = 0
         self.history: deque[int] = deque(maxlen=max(params.repeat_last_n, 1))
 
@@ -324,6 +325,7 @@ class DeviceSampling:
         self._const_ctx: Context | None = None
         self._const_buf: Buffer | None = None
         self._revid: Tensor | None = None
+        self._device_inputs: dict[str, Tensor] = {}
         self._bound = False
         self._arrays: dict[str, np.ndarray] = {}
 
@@ -349,6 +351,7 @@ class DeviceSampling:
         if plan.n_device == 0:
             return self
         b = S.GraphBuilder(ctx, V, R, self._make_revid)
+        b.device_input = self._device_input
         x = logits
         if plan.stages[0].name in ("logit_bias", "penalties") or not logits.is_contiguous:
             x = b.op(ctx.cont(logits))  # sparse writes must not touch the model's logits
@@ -363,7 +366,7 @@ class DeviceSampling:
             t.set_output()
             graph.expand(t)
             self.outputs[name] = t
-        self.inputs = dict(b.inputs)
+        self.inputs = {**b.inputs, **self._device_inputs}
         if self._revid is not None:
             self._alloc_const()
         return self
@@ -377,11 +380,21 @@ class DeviceSampling:
         if self._bound:
             stats.buffer_bytes = sum(self.buffer_bytes.values())
 
+    def _const(self) -> Context:
+        if self._const_ctx is None:
+            self._const_ctx = Context(16)
+        return self._const_ctx
+
     def _make_revid(self) -> Tensor:
         if self._revid is None:
-            self._const_ctx = Context(2)
-            self._revid = self._const_ctx.new_tensor("f32", (self.plan.n_vocab,), "smpl_revid")
+            self._revid = self._const().new_tensor("f32", (self.plan.n_vocab,), "smpl_revid")
         return self._revid
+
+    def _device_input(self, name: str, type: str, shape) -> Tensor:
+        """A per-step input kept in the sampling device's buffer (written by set_inputs)."""
+        t = self._const().new_tensor(type, shape, f"smpl_{name}")
+        self._device_inputs[name] = t
+        return t
 
     def _alloc_const(self) -> None:
         assert self._const_ctx is not None and self._revid is not None
@@ -402,9 +415,11 @@ class DeviceSampling:
         """Pair inputs/outputs with host arrays (needs the graph allocated)."""
         self._in: list[HostBinding] = []
         for name, t in self.inputs.items():
-            arr = np.zeros((t.ne[1], t.ne[0]), dtype=np.int32 if t.type.name == "I32"
+            arr = np.zeros(tuple(reversed(t.shape)), dtype=np.int32 if t.type.name == "I32"
                            else np.float32)
-            self._arrays[name] = arr if name == "noise" else arr.reshape(-1)
+            # noise key vectors are written per row; the others as flat runs
+            self._arrays[name] = (arr.reshape(self.plan.n_rows, -1) if name.startswith("noise_")
+                                  else arr.reshape(-1))
             self._in.append(HostBinding(t, arr))
         self._out: dict[str, HostBinding] = {}
         for name, t in self.outputs.items():
@@ -428,6 +443,7 @@ class DeviceSampling:
             self._bind()
         sig = tuple(s.signature() for s in plan.stages)
         V = plan.n_vocab
+        grid = N.Grid.for_vocab(V)
         a = self._arrays
         for r, ri in enumerate(rows):
             ch = ri.chain
@@ -446,7 +462,11 @@ class DeviceSampling:
                 elif isinstance(st, S.MinP):
                     a["minp_logp"][r] = st.log_p
                 elif isinstance(st, S.Dist):
-                    a["noise"][r] = S.gumbel_noise(rc.key, rc.counter, None, V)
+                    k = N.row_keys(rc.key, rc.counter, grid)
+                    a["noise_a1"][r] = k.a1
+                    a["noise_b1"][r] = k.b1
+                    a["noise_a2"][r] = k.a2
+                    a["noise_b2"][r] = k.b2
         for hb in self._in:
             hb.push()
         self.stats.bytes_h2d += sum(hb.array.nbytes for hb in self._in)

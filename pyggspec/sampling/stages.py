@@ -16,50 +16,18 @@ import numpy as np
 
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.tensor import Tensor
+from pyggspec.sampling.noise import G_MAX, G_MIN, build_noise, noise_host
 from pyggspec.sampling.params import UNIMPLEMENTED, SamplingParams
 
-# --- counter-based noise ------------------------------------------------------------------
-_M64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-_C1 = 0xBF58476D1CE4E5B9
-_C2 = 0x94D049BB133111EB
-_ID_CACHE: dict[int, np.ndarray] = {}
 
-
-def splitmix64(x: int) -> int:
-    """One SplitMix64 step on a Python int (a bijection on 64-bit values)."""
-    z = (x + _GOLDEN) & _M64
-    z = ((z ^ (z >> 30)) * _C1) & _M64
-    z = ((z ^ (z >> 27)) * _C2) & _M64
-    return z ^ (z >> 31)
-
-
-def _id_keys(ids: np.ndarray | None, n_vocab: int) -> np.ndarray:
-    if ids is None:
-        cached = _ID_CACHE.get(n_vocab)
-        if cached is None:
-            cached = np.arange(n_vocab, dtype=np.uint64) * np.uint64(_GOLDEN)
-            _ID_CACHE.clear()
-            _ID_CACHE[n_vocab] = cached
-        return cached
-    return ids.astype(np.uint64) * np.uint64(_GOLDEN)
-
-
-def gumbel_noise(key: int, counter: int, ids: np.ndarray | None, n_vocab: int = 0) -> np.ndarray:
+# --- counter-based noise (pyggspec/sampling/noise.py) -----------------------------------------
+def gumbel_noise(key: int, counter: int, ids: np.ndarray | None, n_vocab: int) -> np.ndarray:
     """Gumbel(0, 1) noise for token ``ids`` (None: all ``n_vocab``) of sampled token number
     ``counter``: a pure function of (key, counter, id), so any subset of ids gets exactly
     the values the full vocabulary would, and a token's randomness does not depend on which
-    path (graph or host) or which candidates survived. float32, computed on the host only.
-    """
-    base = np.uint64(splitmix64(key ^ splitmix64(counter)))
-    x = _id_keys(ids, n_vocab) + base
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(_C1)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(_C2)
-    x ^= x >> np.uint64(31)
-    u = ((x >> np.uint64(40)).astype(np.float64) + 0.5) * (1.0 / (1 << 24))  # (0, 1)
-    return (-np.log(-np.log(u))).astype(np.float32)
+    path (graph or host) or which candidates survived. float32, bit-identical to the
+    graph's (:func:`pyggspec.sampling.noise.build_noise`)."""
+    return noise_host(key, counter, ids, n_vocab)
 
 
 # --- host representation ------------------------------------------------------------------
@@ -337,9 +305,15 @@ class Dist(Stage):
     terminal = True
 
     def host(self, c: Cand, row: RowCtx) -> int:
-        c = c.finite()
+        # the noise lies in [G_MIN, G_MAX]: a logit more than G_MAX - G_MIN below the
+        # largest can never win, so only the others need their noise (same token)
         if len(c.logits) == 0:
             return 0
+        m = c.logits.max()
+        if m == -np.inf:
+            return 0
+        keep = np.flatnonzero(c.logits >= m - np.float32(G_MAX - G_MIN))
+        c = c.take(keep)
         g = gumbel_noise(row.key, row.counter, c.ids, row.n_vocab)
         return argmax_lowest(Cand(c.ids, c.logits + g))
 
@@ -393,6 +367,10 @@ class GraphBuilder:
         self.ops: list[Tensor] = []
         self.inputs: dict[str, Tensor] = {}
         self._revid = revid
+        # where per-step tensors that no device tensor feeds live (the noise keys): graph
+        # inputs would pin the ops that read them to the CPU; the owner may put them in a
+        # buffer on the sampling device instead (DeviceSampling does)
+        self.device_input: Callable[[str, str, Sequence[int]], Tensor] = self.input
 
     def op(self, t: Tensor) -> Tensor:
         self.ops.append(t)
@@ -489,7 +467,8 @@ def build_greedy(b: GraphBuilder, x: Tensor, st: Greedy) -> dict[str, Tensor]:
 
 
 def build_dist(b: GraphBuilder, x: Tensor, st: Dist) -> dict[str, Tensor]:
-    z = b.op(b.ctx.add(x, b.input("noise", "f32", (b.V, b.R))))
+    noise = build_noise(b.ctx, b.V, b.R, b.device_input, b.op)  # only keys are uploaded
+    z = b.op(b.ctx.add(x, noise))
     return {"token": b.exact_argmax(z)}
 
 
