@@ -78,7 +78,7 @@ def test_transform_is_close_to_the_exact_gumbel_and_bounded():
     u = (n + 0.5) / 2.0 ** N.N_BITS
     high = np.floor(n / 2048) * 2048
     g = N._recipe(N._NumpyOps, high.astype(np.float32), (n - high).astype(np.float32))
-    assert np.max(np.abs(g - -np.log(-np.log(u)))) < 3e-5
+    assert np.max(np.abs(g - -np.log(-np.log(u)))) < 5e-5
     assert np.all(np.diff(g) >= 0)  # monotone in n: no token is reordered by the polynomial
     assert N.G_MIN <= g.min() and g.max() <= N.G_MAX
 
