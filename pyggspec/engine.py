@@ -362,7 +362,10 @@ class Engine:
                        draft_vocab=dv)
         self.mtp.step_rows = self._step_rows
         self._closers.append(self.mtp)
-        self.drafter = MtpDrafter(self.mtp, hp.n_embd, self.spec.n_min, self.spec.p_min)
+        self.drafter = MtpDrafter(self.mtp, hp.n_embd, self.spec.n_min, self.spec.p_min,
+                                  coupled=self.spec.draft_sampling == "coupled",
+                                  device=self.weights.device_of(w.head_name),
+                                  backend_sampling=device_argmax)
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:

@@ -43,6 +43,7 @@ class MtpShape:
     n_outputs: int
     device_argmax: bool  # argmax + top probability in the graph (else full logits come back)
     draft_vocab: int = 0  # draft over token ids [0, draft_vocab) only (0: full vocabulary)
+    sampling: int = 0  # plan id (Mtp.register_plan): the drafts' sampler chains in the graph
 
 
 @dataclass
@@ -54,6 +55,9 @@ class MtpBatch:
     pos0: np.ndarray  # int64 [B]
     slots: tuple[int, ...]
     outputs: np.ndarray  # int32 [n_out]: flat rows (b*T + t) that draft
+    sampling: int = 0  # coupled drafts: plan id whose chains choose the output rows' tokens
+    rows: list | None = None  # RowInput per output row (chain, drafts before it)
+    logits: bool = False  # full logits come back (host argmax or host chains)
 
 
 @dataclass
@@ -62,6 +66,8 @@ class MtpResult:
     probs: np.ndarray  # float32 [n_out]: its probability (softmax over the full vocabulary)
     hidden: np.ndarray  # float32 [n_out, n_embd]: the head's post-norm hidden of those rows
     logits: np.ndarray | None = None  # float32 [n_out, n_vocab], host-argmax path only
+    sampled: bool = False  # ids were drawn by the rows' sampler chains (probs not computed)
+    argmax: np.ndarray | None = None  # int32 [n_out]: the head's argmax, beside sampled ids
 
 
 class MtpWeights:
@@ -121,7 +127,8 @@ class MtpWeights:
 
 class MtpGraph:
     used = False  # allocated and computed at least once
-    def __init__(self, hp: HParams, w: MtpWeights, kv: KVCache, shape: MtpShape) -> None:
+    def __init__(self, hp: HParams, w: MtpWeights, kv: KVCache, shape: MtpShape,
+                 plan=None) -> None:
         T, B = shape.n_seq_tokens, shape.n_seqs
         n, il, n_embd = T * B, w.block, hp.n_embd
         self.shape = shape
@@ -142,6 +149,7 @@ class MtpGraph:
             cur = b.cb(layers.rms_norm(b, x, b.w("attn_norm.weight", il)), "mtp_attn_norm", il)
             cur = layers.attention(b, cur, il, attn_in, kv.k(il), kv.v(il))
             self.out_ids = self.h_out = self.ids = self.top = self.logits = None
+            self.sampling = None
             if shape.n_outputs == 0:
                 # cache-only: pairs written for later drafts, nothing drafted now; the graph
                 # holds only the KV writes (no FFN, no LM head)
@@ -163,7 +171,17 @@ class MtpGraph:
             logits = b.cb(ctx.mul_mat(head, h_out), "result_output")
             self.h_out = h_out.set_output()
             graph.expand(h_out)
-            if shape.device_argmax:
+            if plan is not None:
+                # coupled drafts: the rows' sampler chains (with the target's noise for each
+                # token) in the graph; the logits stay an output for a host fallback
+                from pyggspec.sampling import DeviceSampling
+
+                self.logits = logits.set_output()
+                graph.expand(logits)
+                self.sampling = DeviceSampling.build(ctx, graph, logits, plan, 1)
+                self.ids = b.cb(ctx.argmax(logits), "mtp_argmax").set_output()
+                graph.expand(self.ids)
+            elif shape.device_argmax:
                 ids = b.cb(ctx.argmax(logits), "mtp_argmax")
                 probs = ctx.soft_max_ext(logits, None, 1.0)
                 n_vocab = logits.ne[0]
@@ -204,7 +222,10 @@ class MtpGraph:
             return
         self._ins = [*ins, HostBinding(self.out_ids, self._out)]
         self._outs = [HostBinding(self.h_out, self._h_out)]
-        if self.ids is not None:
+        if self.sampling is not None:
+            self._logits_out = HostBinding(self.logits, self._logits)  # read on a failure only
+            self._outs.append(HostBinding(self.ids, self._ids))
+        elif self.ids is not None:
             self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
         else:
             self._outs.append(HostBinding(self.logits, self._logits))
@@ -219,12 +240,22 @@ class MtpGraph:
         self._out[:] = mb.outputs
         for bnd in self._ins:
             bnd.push()
+        if self.sampling is not None:
+            self.sampling.set_inputs(mb.rows)
 
-    def read(self) -> MtpResult:
+    def read(self, mb: MtpBatch) -> MtpResult:
         for bnd in self._outs:
             bnd.pull()
         if self.out_ids is None:
             return MtpResult(self._ids, self._top, self._h_out)
+        if self.sampling is not None:
+            try:
+                ids = self.sampling.finish_host(mb.rows)
+            except Exception:  # noqa: BLE001 - the drafter redraws these rows on the host
+                self._logits_out.pull()
+                return MtpResult(None, None, self._h_out.copy(), self._logits.copy())
+            return MtpResult(ids, self._top, self._h_out.copy(), sampled=True,
+                             argmax=self._ids.copy())
         if self.ids is None:  # host argmax + full-vocabulary softmax probability
             lg = self._logits
             ids = lg.argmax(axis=1).astype(np.int32)
@@ -234,6 +265,8 @@ class MtpGraph:
         return MtpResult(self._ids.copy(), self._top.copy(), self._h_out.copy())
 
     def close(self) -> None:
+        if self.sampling is not None:
+            self.sampling.close()
         self.ctx.close()
 
 
@@ -250,14 +283,26 @@ class Mtp(GraphRunner):
         self.device_argmax = device_argmax
         self.draft_vocab = draft_vocab
         self.n_evals = 0
+        self.plans: dict[int, object] = {}  # coupled-draft sampling plans by id (0: none)
+        self._plan_ids: dict[object, int] = {}
+
+    def register_plan(self, plan) -> int:
+        """An id for a sampling plan of draft rows (one per chain structure and row count,
+        so graphs are built once)."""
+        pid = self._plan_ids.get(plan.key)
+        if pid is None:
+            pid = self._plan_ids[plan.key] = len(self.plans) + 1
+            self.plans[pid] = plan
+        return pid
 
     def run(self, mb: MtpBatch) -> MtpResult:
         B, T = mb.tokens.shape
         end = int((mb.pos0 + T).max())
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), len(mb.outputs),
-                         self.device_argmax, self.draft_vocab)
-        res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s),
-                           lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read())
+                         self.device_argmax and not mb.logits, self.draft_vocab, mb.sampling)
+        res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s,
+                                                     self.plans.get(s.sampling)),
+                           lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read(mb))
         for b, slot in enumerate(mb.slots):
             self.kv.lengths[slot] = int(mb.pos0[b]) + T
         self.n_evals += 1

@@ -140,6 +140,27 @@ def sample_host(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[int] =
     return run_host(chain.stages, S.Cand(None, row), chain.row(prefix))
 
 
+def chain_probability(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[int],
+                      token: int) -> float:
+    """The probability of ``token`` under the chain's distribution for this row: softmax of
+    the logits after every filter and the temperature (what ``dist`` samples from); for a
+    greedy chain, 1 for its choice. Host only (used for draft ``p_min``)."""
+    row = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+    cand = S.Cand(None, row)
+    rc = chain.row(prefix)
+    for st in chain.stages[:-1]:
+        cand = st.host(cand, rc)
+    c = cand.finite()
+    if len(c.logits) == 0:
+        return 0.0
+    if chain.stages[-1].name == "greedy":
+        return 1.0 if S.argmax_lowest(c) == token else 0.0
+    ids = c.id_array()
+    w = np.exp(c.logits.astype(np.float64) - float(c.logits.max()))
+    hit = w[ids == token]
+    return float(hit.sum() / w.sum()) if hit.size else 0.0
+
+
 # --- stats ------------------------------------------------------------------------------------
 @dataclass
 class SamplingStats:

@@ -6,15 +6,37 @@ the new pairs -- the accepted drafts and the new pending token, each with the ta
 hidden row of the position before -- go through the head in **one** batch whose last row
 yields the first draft; further drafts are one row per sequence per step, paired with the
 head's own hidden row (DESIGN §3, §8).
+
+Coupled drafting (``coupled=True``, sequences whose chain samples): draft j of a sequence is
+drawn from the head's logits by that sequence's own sampler chain at prefix = the drafts
+before it -- the same stages, penalty window and noise counter the target's verify row j
+will use -- so it equals the target's token whenever both put the noisy argmax on the same
+id. Drafts are only guesses: how they are made never changes the output. The chains run in
+the MTP graph (in-graph noise) when the batch's drafting rows share one chain structure and
+``p_min`` is 0; otherwise the logits come back and the chains finish on the host (then
+``p_min`` compares the draft chain's probability of the drafted token). A draft that is a
+stop token ends that sequence's drafts.
+
+Coupling pays when the head's distribution resembles the target's. A head that is much
+flatter than the target (an uncalibrated head, or a low temperature) turns coupled draws into
+noise while its argmax still matches the target's likely token. So each sequence keeps two
+running match rates of its first draft -- the coupled draw and the argmax, both computed
+every step -- against the target's token at that position, and drafts with whichever matches
+more often (:class:`DraftChoice`; ties, e.g. before the first observation, favour the
+argmax: a slot switches to coupled draws after one step in which only the coupled draw
+matched). Either way the output is plain sampling.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyggspec.models.mtp import Mtp, MtpBatch
+from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult
+from pyggspec.sampling import RowInput, SamplerChain, plan_chain, sample_host
+from pyggspec.sampling.chain import chain_probability
 
 
 @dataclass
@@ -29,25 +51,132 @@ class DraftRequest:
     tokens: list[int]
     hidden: np.ndarray  # float32 [len(tokens), n_embd]
     n_max: int  # drafts wanted (0: only bring the cache up to date)
+    is_stop: Callable[[int], bool] | None = None  # a stop-token draft ends the drafts
 
 
 @dataclass
 class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
+    first: tuple[int, int] | None = None  # coupled draw and argmax of the first draft
+
+
+class DraftChoice:
+    """A slot's running match rates (exponential averages) of the coupled draw and of the
+    argmax at the first draft position. They describe the head against the target at one
+    temperature, so a slot keeps them across requests until the temperature changes."""
+
+    DECAY = 0.9
+
+    def __init__(self, temp: float) -> None:
+        self.temp = temp
+        self.coupled = 0.5
+        self.argmax = 0.5
+
+    @property
+    def use_coupled(self) -> bool:
+        return self.coupled > self.argmax
+
+    def observe(self, sampled: int, argmax: int, target: int) -> None:
+        d = self.DECAY
+        self.coupled = d * self.coupled + (1 - d) * (sampled == target)
+        self.argmax = d * self.argmax + (1 - d) * (argmax == target)
 
 
 class MtpDrafter:
-    """Drafts with the MTP head, greedily (argmax; in the graph where supported)."""
+    """Drafts with the MTP head: the argmax (in the graph where supported), or, for
+    sampling chains with ``coupled``, the chain's own draw (see the module docstring)."""
 
-    def __init__(self, mtp: Mtp, n_embd: int, n_min: int = 0, p_min: float = 0.0) -> None:
+    def __init__(self, mtp: Mtp, n_embd: int, n_min: int = 0, p_min: float = 0.0,
+                 coupled: bool = False, device=None, backend_sampling: bool = True) -> None:
         self.mtp = mtp
         self.n_embd = n_embd
         self.n_min = n_min
         self.p_min = p_min
+        self.coupled = coupled
+        self.device = device  # the head's output device (plans are probed there)
+        self.backend_sampling = backend_sampling
+        self._plans: dict[tuple, int] = {}
+        self.failed = False  # the graph part of coupled drafts failed once: host from now on
+        self.choices: dict[int, DraftChoice] = {}  # per slot
+        self.n_coupled = 0  # drafts made by coupled draws / by the argmax (stats)
+        self.n_argmax = 0
 
-    def draft(self, reqs: list[DraftRequest]) -> dict[int, Draft]:
-        """Write the new pairs of every request into the MTP cache and draft after them."""
+    def observe(self, slot: int, draft: Draft, target: int) -> None:
+        """The target's token at the first draft position: updates the slot's choice."""
+        c = self.choices.get(slot)
+        if c is not None and draft.first is not None:
+            c.observe(draft.first[0], draft.first[1], target)
+
+    def _sampled(self, chains: Mapping[int, SamplerChain] | None, slot: int) -> SamplerChain | None:
+        if not self.coupled or chains is None:
+            return None
+        ch = chains.get(slot)
+        return ch if ch is not None and ch.stages[-1].name == "dist" else None
+
+    def _run(self, mb: MtpBatch, rows: list[tuple[SamplerChain | None, tuple[int, ...]]]) -> MtpResult:
+        """One MTP evaluation whose output rows are drawn by ``rows``' chains (None: argmax)."""
+        coupled = [ch for ch, _ in rows if ch is not None]
+        if coupled:
+            sig = coupled[0].sig
+            if (len(coupled) == len(rows) and not self.failed and self.p_min == 0
+                    and self.backend_sampling and all(c.sig == sig for c in coupled)):
+                key = (len(rows), sig)
+                pid = self._plans.get(key)
+                if pid is None:
+                    plan = plan_chain(coupled[0].params, self.device, coupled[0].n_vocab,
+                                      len(rows), True)
+                    pid = self._plans[key] = self.mtp.register_plan(plan) if plan.n_device else 0
+                if pid:
+                    mb.sampling = pid
+                    mb.rows = [RowInput(ch, pre) for ch, pre in rows]
+            if not mb.sampling:
+                mb.logits = True
+        res = self.mtp.run(mb)
+        if res.ids is None:  # the graph part failed: draw these rows on the host
+            self.failed = True
+        if coupled and (res.ids is None or not res.sampled):
+            lg = res.logits
+            ids = np.empty(len(rows), np.int32)
+            probs = np.ones(len(rows), np.float32)
+            for i, (ch, pre) in enumerate(rows):
+                if ch is None:
+                    ids[i] = int(lg[i].argmax())
+                    m = lg[i].max()
+                    probs[i] = 1.0 / np.exp(lg[i] - m).sum()
+                else:
+                    ids[i] = sample_host(ch, lg[i], pre)
+                    if self.p_min > 0:
+                        probs[i] = chain_probability(ch, lg[i], pre, int(ids[i]))
+            res = MtpResult(ids, probs, res.hidden, lg, sampled=True,
+                            argmax=lg.argmax(axis=1).astype(np.int32))
+        return res
+
+    def _choice(self, slot: int, chain: SamplerChain | None) -> DraftChoice | None:
+        if chain is None:
+            return None
+        c = self.choices.get(slot)
+        if c is None or c.temp != chain.params.temp:
+            c = self.choices[slot] = DraftChoice(chain.params.temp)
+        return c
+
+    def _pick(self, res: MtpResult, choices: list[DraftChoice | None]) -> np.ndarray:
+        """Per row: the coupled draw, or the argmax where that matches the target better."""
+        ids = res.ids.copy()
+        for i, c in enumerate(choices):
+            if c is None:
+                continue
+            if c.use_coupled:
+                self.n_coupled += 1
+            else:
+                ids[i] = res.argmax[i]
+                self.n_argmax += 1
+        return ids
+
+    def draft(self, reqs: list[DraftRequest],
+              chains: Mapping[int, SamplerChain] | None = None) -> dict[int, Draft]:
+        """Write the new pairs of every request into the MTP cache and draft after them.
+        ``chains`` (slot -> sampler chain) enables coupled drafts for sampling chains."""
         out = {r.slot: Draft() for r in reqs}
         if not reqs:
             return out
@@ -66,32 +195,43 @@ class MtpDrafter:
             hidden[b, :n] = r.hidden
             if n < T:  # padding rows sit after the real ones; the mask keeps them unseen
                 tokens[b, n:] = r.tokens[-1]
-        if any(r.n_max > 0 for r in reqs):
-            outputs = np.array([b * T + len(r.tokens) - 1 for b, r in enumerate(reqs)],
-                               np.int32)
+        drafting = [b for b, r in enumerate(reqs) if r.n_max > 0]
+        if drafting:
+            outputs = np.array([b * T + len(reqs[b].tokens) - 1 for b in drafting], np.int32)
         else:  # only bringing caches up to date: a cache-only graph (no FFN, no LM head)
             outputs = np.zeros(0, np.int32)
         pos0 = np.array([r.pos0 for r in reqs], np.int64)
         slots = tuple(r.slot for r in reqs)
-        res = self.mtp.run(MtpBatch(tokens, hidden, pos0, slots, outputs))
+        sampled = {r.slot: self._sampled(chains, r.slot) for r in reqs}
+        choice = {r.slot: self._choice(r.slot, sampled[r.slot]) for r in reqs}
+        mb = MtpBatch(tokens, hidden, pos0, slots, outputs)
+        res = (self._run(mb, [(sampled[reqs[b].slot], ()) for b in drafting]) if drafting
+               else self.mtp.run(mb))
         ends = {r.slot: r.pos0 + len(r.tokens) for r in reqs}
         for r in reqs:
             self.mtp.kv.lengths[r.slot] = ends[r.slot]
 
         # 2. autoregressive drafting: one row per still-drafting sequence
-        live = [(b, b) for b, r in enumerate(reqs) if r.n_max > 0]  # (request, result row)
+        live = [(b, i) for i, b in enumerate(drafting)]  # (request, result row)
         ids, probs, h = res.ids, res.probs, res.hidden
+        if res.sampled and drafting:
+            for b, row in live:  # the slot's better-matching rule picks its drafts
+                c = choice[reqs[b].slot]
+                if c is not None:
+                    out[reqs[b].slot].first = (int(res.ids[row]), int(res.argmax[row]))
+            ids = self._pick(res, [choice[reqs[b].slot] for b, _ in live])
         step = 0
         while live:
             nxt = []
             for b, row in live:
                 r = reqs[b]
                 d = out[r.slot]
-                if probs[row] < self.p_min:
+                if self.p_min > 0 and probs[row] < self.p_min:
                     continue
-                d.tokens.append(int(ids[row]))
+                tok = int(ids[row])
+                d.tokens.append(tok)
                 d.probs.append(float(probs[row]))
-                if len(d.tokens) < r.n_max:
+                if len(d.tokens) < r.n_max and not (r.is_stop is not None and r.is_stop(tok)):
                     nxt.append((b, row))
             if not nxt:
                 break
@@ -99,9 +239,16 @@ class MtpDrafter:
             tok = np.array([[out[reqs[b].slot].tokens[-1]] for b, _ in nxt], np.int32)
             hid = h[[row for _, row in nxt]][:, None, :]
             p0 = np.array([ends[reqs[b].slot] + step - 1 for b, _ in nxt], np.int64)
-            res = self.mtp.run(MtpBatch(tok, hid, p0, tuple(reqs[b].slot for b, _ in nxt),
-                                        np.arange(len(nxt), dtype=np.int32)))
+            mb = MtpBatch(tok, hid, p0, tuple(reqs[b].slot for b, _ in nxt),
+                          np.arange(len(nxt), dtype=np.int32))
+            rows = [(sampled[reqs[b].slot], tuple(out[reqs[b].slot].tokens)) for b, _ in nxt]
+            ch = [choice[reqs[b].slot] for b, _ in nxt]
+            # a sequence drafting by argmax needs no draws
+            rows = [(r[0] if c is None or c.use_coupled else None, r[1]) for r, c in zip(rows, ch)]
+            res = self._run(mb, rows)
             ids, probs, h = res.ids, res.probs, res.hidden
+            if res.sampled:
+                ids = self._pick(res, ch)
             live = [(b, i) for i, (b, _) in enumerate(nxt)]
         # draft-time entries past the committed pairs are not committed
         for r in reqs:

@@ -36,6 +36,14 @@ class SpecConfig:
     # draft length chosen per step from measured acceptance and costs (n_max the cap):
     # --spec-draft-adaptive. Off by default until it beats a fixed n_max (docs/benchmarks.md)
     adaptive: bool = False
+    # --spec-draft-sampling: "coupled" draws drafts of sampling chains through the chain with
+    # the target's noise for that token; "greedy" takes the head's argmax (llama.cpp)
+    draft_sampling: str = "coupled"
+
+    def __post_init__(self) -> None:
+        if self.draft_sampling not in ("coupled", "greedy"):
+            raise ValueError(f"draft_sampling must be 'coupled' or 'greedy', got "
+                             f"{self.draft_sampling!r}")
 
 
 @dataclass
@@ -240,9 +248,9 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
             deferred.add(s.slot)  # nothing to draft: its pairs wait, the MTP head rests
             continue
         reqs.append(DraftRequest(s.slot, s.new_pos0, s.new_tokens, s.new_hidden,
-                                 caps[s.slot]))
+                                 caps[s.slot], s.is_stop or is_stop))
     before, ms0 = drafter.mtp.n_evals, drafter.mtp.compute_ms_total
-    drafts = drafter.draft(reqs)
+    drafts = drafter.draft(reqs, samplers.chains)
     n_mtp = drafter.mtp.n_evals - before
     stats.n_mtp_evals += n_mtp
     if policy is not None and n_mtp and any(r.n_max > 0 for r in reqs):
@@ -297,6 +305,9 @@ def speculative_step(engine, drafter: MtpDrafter, seqs: list[SeqState], cfg: Spe
             choose = (lambda i, b=b, slot=s.slot, d=d: samplers.choose(
                 slot, logits[b, i], prefixes[b][i] if prefixes is not None else d[:i]))
         emitted, n, stopped = accept(d, choose, s.is_stop or is_stop)  # len(d) < room
+        dr = drafts.get(s.slot)
+        if dr is not None and dr.first is not None and emitted:
+            drafter.observe(s.slot, dr, emitted[0])  # coupled draw vs argmax, row 0
         if s.spec:
             stats.record(len(d), min(n, len(d)))
             if policy is not None and d:

@@ -35,7 +35,7 @@ class SpecOptions:
 F = TypeVar("F", bound=Callable[..., Any])
 
 _NAMES = ("spec_type", "draft_model", "n_max", "n_min", "p_min", "draft_adaptive",
-          "draft_head", "draft_vocab", "rollback", "mtp_type_k", "mtp_type_v")
+          "draft_sampling", "draft_head", "draft_vocab", "rollback", "mtp_type_k", "mtp_type_v")
 
 
 def spec_options(fn: F) -> F:
@@ -58,6 +58,13 @@ def spec_options(fn: F) -> F:
                      default=False, show_default=True,
                      help="Choose each step's draft length from measured acceptance and "
                           "costs (--spec-draft-n-max the cap), or always draft n_max."),
+        click.option("--spec-draft-sampling", "draft_sampling",
+                     type=click.Choice(["coupled", "greedy"]), default="coupled",
+                     show_default=True,
+                     help="With --temp > 0: draw each draft through the sequence's own "
+                          "sampler chain with the noise the target will use for that token "
+                          "(coupled), or take the head's argmax (greedy, as llama.cpp). "
+                          "Greedy decoding drafts the argmax either way."),
         click.option("--spec-draft-head", "draft_head", metavar="TYPE", default="",
                      help="Draft with a copy of the LM head in this ggml type (e.g. q4_0); "
                           "the target still verifies with its own weights."),
@@ -83,7 +90,8 @@ def spec_options(fn: F) -> F:
                                      param_hint="'--spec-draft-n-min'")
         config = SpecConfig(n_max=v["n_max"], n_min=v["n_min"], p_min=v["p_min"],
                             rollback=v["rollback"], draft_vocab=v["draft_vocab"],
-                            draft_head=v["draft_head"], adaptive=v["draft_adaptive"])
+                            draft_head=v["draft_head"], adaptive=v["draft_adaptive"],
+                            draft_sampling=v["draft_sampling"])
         kwargs["spec"] = SpecOptions(v["spec_type"], v["draft_model"], config,
                                      v["mtp_type_k"], v["mtp_type_v"])
         return fn(*args, **kwargs)

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Sampled MTP speculation: coupled vs greedy drafts vs llama-server, paired per request.
+
+On a constructed-agreement model (0.8B-shaped, real 248,320-token vocabulary) at each
+temperature and seed, one engine at a time and in alternating order, fresh processes:
+
+  pyggspec      plain sampling, draft-mtp with coupled drafts, draft-mtp with greedy drafts
+  llama-server  plain sampling, --spec-type draft-mtp --spec-draft-n-max N
+
+all with the same sampling settings (``--temp T``, no top-k/top-p/min-p unless given, the
+seed). Acceptance and tokens/s per run; ratios are paired within a (temperature, seed).
+pyggspec's speculative outputs must equal its plain output token for token (checked in
+every row); llama-server's sampled speculation is not lossless in that sense (reported).
+
+    python3 scripts/bench_coupled.py                                  # the full table
+    python3 scripts/bench_coupled.py --temps 1.5 3.0 --seeds 1 --types Q8_0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import LlamaServer, bench_model, bench_prompt, run_child
+
+N_PROMPT = 32
+
+
+def sampling_kw(args: argparse.Namespace, temp: float, seed: int) -> dict:
+    return {"temperature": temp, "top_k": args.top_k, "top_p": args.top_p,
+            "min_p": args.min_p, "seed": seed}
+
+
+def run_llama(path: Path, args: argparse.Namespace, temp: float, seed: int,
+              n_max: int) -> dict:
+    flags = ["-t", str(args.threads), "-c", str(args.ctx), "-np", "1"]
+    if n_max:
+        flags += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
+    prompt = bench_prompt(N_PROMPT, path, seed=seed)
+    with LlamaServer(path, flags) as srv:
+        srv.complete(prompt[:8], 4)  # warm-up, as our engine warms its graphs
+        r = srv.complete(prompt, args.n, **sampling_kw(args, temp, seed))
+    t = r["timings"]
+    out = {"tokens": r.get("tokens", []), "tps": t["predicted_per_second"]}
+    if n_max and t.get("draft_n"):
+        out["accept"] = t.get("draft_n_accepted", 0) / t["draft_n"]
+    return out
+
+
+def run_ours(path: Path, args: argparse.Namespace, temp: float, seed: int,
+             draft_sampling: str | None) -> dict:
+    """``draft_sampling`` None: plain decoding."""
+    kw = ""
+    if draft_sampling:
+        kw = (", spec_type='draft-mtp', spec=SpecConfig("
+              f"n_max={args.ours_n_max}, draft_sampling={draft_sampling!r})")
+    params = (f"SamplingParams(temp={temp}, top_k={args.top_k}, top_p={args.top_p}, "
+              f"min_p={args.min_p}, seed={seed})")
+    prompt = bench_prompt(N_PROMPT, path, seed=seed)
+    code = f"""
+import json
+from pyggspec.engine import Engine
+from pyggspec.sampling import SamplingParams
+from pyggspec.speculative.loop import SpecConfig
+with Engine({str(path)!r}, n_ctx={args.ctx}, n_threads={args.threads}, load_tokenizer=False,
+            progress=False, backend_sampling={args.backend_sampling}{kw}) as e:
+    e.generate({prompt[:8]!r}, max_tokens=4, ignore_eos=True)  # warm-up
+    r = e.generate({prompt!r}, max_tokens={args.n}, ignore_eos=True, sampling={params})
+    out = {{"tokens": r.tokens, "tps": r.timings.to_dict()["predicted_per_second"]}}
+    if e.spec_type:
+        out["accept"] = e.stats.acceptance
+        out["stats"] = e.stats.to_dict()
+    print(json.dumps(out))
+"""
+    return run_child(code)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", type=Path, help="benchmark this GGUF instead")
+    ap.add_argument("--agreement", type=float, default=0.95)
+    ap.add_argument("--types", nargs="+", default=["Q8_0"])
+    ap.add_argument("--temps", type=float, nargs="+", default=[0.6, 1.0, 1.5, 3.0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--min-p", type=float, default=0.0)
+    ap.add_argument("--llama-n-max", type=int, nargs="+", default=[3])
+    ap.add_argument("--ours-n-max", type=int, default=3)
+    ap.add_argument("--backend-sampling", action="store_true",
+                    help="pyggspec samples in the graph (in-graph noise) instead of the host")
+    ap.add_argument("-n", type=int, default=96, help="tokens per request")
+    ap.add_argument("-c", "--ctx", type=int, default=2048)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    runs = [("ours plain", "ours", None), ("ours coupled", "ours", "coupled"),
+            ("ours greedy-draft", "ours", "greedy"), ("llama plain", "llama", 0)]
+    runs += [(f"llama n={k}", "llama", k) for k in args.llama_n_max]
+    table = []
+    models = ([(args.model.name, args.model)] if args.model else
+              [(qt, bench_model(args.agreement, qt)) for qt in args.types])
+    for qt, path in models:
+        for temp in args.temps:
+            reps: list[dict[str, dict]] = []
+            for i, seed in enumerate(args.seeds):
+                got: dict[str, dict] = {}
+                for name, engine, what in (runs if i % 2 == 0 else runs[::-1]):
+                    t0 = time.monotonic()
+                    got[name] = (run_ours(path, args, temp, seed, what) if engine == "ours"
+                                 else run_llama(path, args, temp, seed, what))
+                    print(f"{qt} temp {temp} seed {seed} {name:18s} {got[name]['tps']:7.2f} t/s"
+                          f"  accept {got[name].get('accept', float('nan')):.3f}"
+                          f"  ({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+                reps.append(got)
+            table.append(summarize(qt, temp, reps))
+    print_table(table, args)
+    return 0
+
+
+def summarize(qt: str, temp: float, reps: list[dict[str, dict]]) -> dict:
+    names = list(reps[0])
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(r[a]["tps"] / r[b]["tps"] for r in reps)
+
+    llama_spec = [n for n in names if n.startswith("llama n=")]
+    best = max(llama_spec, key=lambda n: statistics.median(r[n]["tps"] for r in reps))
+    return {
+        "type": qt, "temp": temp,
+        "tps": {n: round(statistics.median(r[n]["tps"] for r in reps), 3) for n in names},
+        "accept": {n: round(statistics.mean(r[n]["accept"] for r in reps), 4) for n in names
+                   if all("accept" in r[n] for r in reps)},
+        "identical": all(r[n]["tokens"] == r["ours plain"]["tokens"] for r in reps
+                         for n in ("ours coupled", "ours greedy-draft")),
+        "llama_identical": [r[best]["tokens"] == r["llama plain"]["tokens"] for r in reps],
+        "coupled_speedup": round(paired("ours coupled", "ours plain"), 3),
+        "greedy_speedup": round(paired("ours greedy-draft", "ours plain"), 3),
+        "llama_best": best, "llama_speedup": round(paired(best, "llama plain"), 3),
+        "coupled_vs_llama_best": round(paired("ours coupled", best), 3),
+        "plain_vs_llama_plain": round(paired("ours plain", "llama plain"), 3),
+    }
+
+
+def print_table(table: list[dict], args: argparse.Namespace) -> None:
+    print(f"\n{args.n} sampled tokens, top_k {args.top_k} top_p {args.top_p} min_p "
+          f"{args.min_p}, seeds {args.seeds}, {args.threads} threads; pyggspec "
+          f"n_max {args.ours_n_max}, {'graph' if args.backend_sampling else 'host'} sampling")
+    print("| type | temp | accept coupled | accept greedy | accept llama | x coupled | "
+          "x greedy | x llama | coupled / llama best | identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in table:
+        a = r["accept"]
+        print(f"| {r['type']} | {r['temp']} | {a.get('ours coupled', 0):.3f} | "
+              f"{a.get('ours greedy-draft', 0):.3f} | {a.get(r['llama_best'], 0):.3f} | "
+              f"{r['coupled_speedup']:.3f} | {r['greedy_speedup']:.3f} | "
+              f"{r['llama_speedup']:.3f} | {r['coupled_vs_llama_best']:.3f} | "
+              f"{r['identical']} |")
+    print(json.dumps({"bench": "coupled", "n": args.n, "seeds": args.seeds, "rows": table}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
