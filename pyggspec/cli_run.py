@@ -186,6 +186,11 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
             sys.stdout.write(detok.flush())
         memory = engine.memory()
         stats = engine.stats.to_dict() if engine.spec_type else None
+        if stats is not None:  # how the drafts of sampling chains were made
+            d = engine.drafter
+            stats["draft_sampling"] = {"mode": engine.spec.draft_sampling,
+                                       "coupled_drafts": d.n_coupled,
+                                       "argmax_drafts": d.n_argmax}
         rollback_used = engine.rollback
         sampling_stats = engine.samplers.stats.to_dict() if engine.samplers else {}
     res = results[0]

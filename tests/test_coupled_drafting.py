@@ -1,0 +1,143 @@
+"""Coupled drafting: sampled speculation stays token-identical to plain seeded sampling over
+randomized chains, sequences, architectures and rollback modes, and coupled drafts are
+accepted at least as often as greedy drafts at every temperature."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from pyggspec.cli import main
+from pyggspec.engine import Engine
+from pyggspec.sampling import SamplingParams
+from pyggspec.serving.request import Request
+from pyggspec.speculative.loop import SpecConfig
+from pyggspec.testing import cached_model, tiny_dense, tiny_moe
+
+N_CASES = 208  # randomized lossless cases (issue: >= 200)
+N_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("coupled_models")
+    return {arch: cached_model(make(dtype="f32", agreement=0.9, tied_embeddings=False), d)
+            for arch, make in (("dense", tiny_dense), ("moe", tiny_moe))}
+
+
+def random_params(rng: random.Random, n_vocab: int) -> SamplingParams:
+    """A chain with a random mix of the samplers (values in their usual ranges)."""
+    kw: dict = {"temp": round(rng.uniform(0.3, 3.0), 2), "seed": rng.randrange(1 << 30),
+                "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    if rng.random() < 0.4:
+        kw["top_k"] = rng.choice([1, 5, 40])
+    if rng.random() < 0.4:
+        kw["top_p"] = rng.choice([0.5, 0.9, 0.97])
+    if rng.random() < 0.4:
+        kw["min_p"] = rng.choice([0.02, 0.1, 0.3])
+    if rng.random() < 0.25:
+        kw["typical_p"] = rng.choice([0.5, 0.9])
+    if rng.random() < 0.35:
+        kw["repeat_penalty"] = rng.choice([1.1, 1.3, 0.9])
+        kw["repeat_last_n"] = rng.choice([8, 64])
+    if rng.random() < 0.25:
+        kw["frequency_penalty"] = rng.choice([0.2, 0.5])
+        kw["presence_penalty"] = rng.choice([0.0, 0.3])
+    if rng.random() < 0.3:
+        kw["logit_bias"] = [(rng.randrange(n_vocab), rng.choice([-5.0, 2.0, 8.0]))
+                            for _ in range(rng.randint(1, 3))]
+    return SamplingParams(**kw)
+
+
+def test_randomized_sampled_speculation_is_lossless(models):
+    """>= 200 seeded cases: temperatures 0.3-3, chains with top-k / top-p / min-p / typical
+    / penalties / logit bias, 1-4 sequences with their own chains, dense and MoE, snapshot
+    and checkpoint rollback, coupled and greedy drafts, host and graph sampling."""
+    rng = random.Random(20261123)
+    configs = [(arch, rb, ds, bs) for arch in ("dense", "moe")
+               for rb, bs in (("snapshot", True), ("checkpoint", False))
+               for ds in ("coupled", "greedy")]
+    engines: dict = {}
+    plains: dict = {}
+    try:
+        for arch, rb, ds, bs in configs:
+            engines[(arch, rb, ds, bs)] = Engine(
+                models[arch], n_ctx=256, n_parallel=4, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=rng.choice([2, 3, 4]), rollback=rb, draft_sampling=ds),
+                backend_sampling=bs)
+        for arch in models:
+            plains[arch] = Engine(models[arch], n_ctx=256, n_parallel=4, n_threads=2)
+        n_vocab = plains["dense"].n_vocab
+        drafted = accepted = 0
+        for case in range(N_CASES):
+            cfg = configs[case % len(configs)]
+            e = engines[cfg]
+            n_seq = rng.randint(1, 4)
+            prompts = [[rng.randrange(3, n_vocab) for _ in range(rng.randint(1, 6))]
+                       for _ in range(n_seq)]
+            params = [random_params(rng, n_vocab) for _ in range(n_seq)]
+            want = [plains[cfg[0]].generate(p, max_tokens=N_TOKENS, ignore_eos=True,
+                                            sampling=sp).tokens
+                    for p, sp in zip(prompts, params)]
+            res = _batch(e, prompts, params)
+            assert [r.tokens for r in res] == want, (case, cfg, params)
+            drafted += sum(r.timings.draft_n for r in res)
+            accepted += sum(r.timings.draft_n_accepted for r in res)
+        assert drafted > 0 and accepted > 0.2 * drafted
+    finally:
+        for e in [*engines.values(), *plains.values()]:
+            e.close()
+
+
+def _batch(e: Engine, prompts, params):
+    """Each sequence with its own chain, all in one batch (slot i for prompt i)."""
+    handles = [e.submit(Request(p, max_tokens=N_TOKENS, sampling=sp, ignore_eos=True,
+                                cache_prompt=False, slot=i))
+               for i, (p, sp) in enumerate(zip(prompts, params))]
+    return [h.result() for h in handles]
+
+
+@pytest.mark.parametrize("temp", [0.6, 1.0, 1.5, 3.0])
+def test_coupled_acceptance_at_least_greedy(models, temp):
+    """On the constructed-agreement model: mean acceptance over 3 seeds of coupled drafts is
+    at least that of greedy drafts; at high temperature greedy drafts collapse and coupled
+    drafts keep much more (the 0.8B-shaped bench model's numbers are in
+    docs/benchmarks.md: scripts/bench_coupled.py)."""
+    path = models["dense"]
+    acc = {}
+    for ds in ("coupled", "greedy"):
+        with Engine(path, n_ctx=512, n_threads=2, spec_type="draft-mtp",
+                    spec=SpecConfig(n_max=3, draft_sampling=ds)) as e:
+            prompt = [300, 301, 302]
+            prompt += e.generate(prompt, max_tokens=4, ignore_eos=True).tokens  # on the cycle
+            rates = []
+            for seed in (1, 2, 3):
+                e.generate(prompt, max_tokens=64, ignore_eos=True,
+                           sampling=SamplingParams(temp=temp, top_k=0, top_p=1.0, min_p=0.0,
+                                                   seed=seed))
+                rates.append(e.stats.acceptance)
+            acc[ds] = sum(rates) / len(rates)
+    assert acc["coupled"] >= acc["greedy"] - 1e-9, acc
+    if temp >= 3.0:  # measured here: coupled 0.38, greedy 0.10 (this head is flatter than
+        assert acc["coupled"] >= acc["greedy"] + 0.15, acc  # the target: coupling is partial)
+
+
+def test_cli_draft_sampling_flag(models):
+    path = str(models["dense"])
+    base = ["run", "-m", path, "--prompt-tokens", "300,301", "-n", "12", "--ignore-eos",
+            "--spec-type", "draft-mtp", "--temp", "1.5", "--seed", "3", "--json", "-ngl", "0"]
+    outs = {}
+    for mode in ("coupled", "greedy"):
+        r = CliRunner().invoke(main, [*base, "--spec-draft-sampling", mode])
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.output)
+        assert d["spec"]["draft_sampling"]["mode"] == mode
+        outs[mode] = d["tokens"]
+    assert outs["coupled"] == outs["greedy"]  # drafts never change the output
+    r = CliRunner().invoke(main, [*base, "--spec-draft-sampling", "bogus"])
+    assert r.exit_code == 2 and "--spec-draft-sampling" in r.output
+    with pytest.raises(ValueError, match="draft_sampling"):
+        SpecConfig(draft_sampling="bogus")
