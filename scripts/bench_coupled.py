@@ -36,12 +36,27 @@ def sampling_kw(args: argparse.Namespace, temp: float, seed: int) -> dict:
             "min_p": args.min_p, "seed": seed}
 
 
-def run_llama(path: Path, args: argparse.Namespace, temp: float, seed: int,
-              n_max: int) -> dict:
+def on_cycle_prompt(path: Path, seed: int) -> list[int]:
+    """A seeded prompt plus its first greedy tokens: the constructed model's logits are
+    peaked only along its cycle, so a sampled run starts there (off the cycle every logit is
+    ~0 and sampling is uniform over the vocabulary)."""
+    base = bench_prompt(N_PROMPT, path, seed=seed)
+    code = f"""
+import json
+from pyggspec.engine import Engine
+from pyggspec.sampling import SamplingParams
+with Engine({str(path)!r}, n_ctx=256, load_tokenizer=False, progress=False) as e:
+    print(json.dumps(e.generate({base!r}, max_tokens=4, ignore_eos=True,
+                                sampling=SamplingParams(temp=0.0)).tokens))
+"""
+    return base + list(run_child(code))
+
+
+def run_llama(path: Path, args: argparse.Namespace, temp: float, prompt: list[int],
+              seed: int, n_max: int) -> dict:
     flags = ["-t", str(args.threads), "-c", str(args.ctx), "-np", "1"]
     if n_max:
         flags += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
-    prompt = bench_prompt(N_PROMPT, path, seed=seed)
     with LlamaServer(path, flags) as srv:
         srv.complete(prompt[:8], 4)  # warm-up, as our engine warms its graphs
         r = srv.complete(prompt, args.n, **sampling_kw(args, temp, seed))
@@ -52,8 +67,8 @@ def run_llama(path: Path, args: argparse.Namespace, temp: float, seed: int,
     return out
 
 
-def run_ours(path: Path, args: argparse.Namespace, temp: float, seed: int,
-             draft_sampling: str | None) -> dict:
+def run_ours(path: Path, args: argparse.Namespace, temp: float, prompt: list[int],
+             seed: int, draft_sampling: str | None) -> dict:
     """``draft_sampling`` None: plain decoding."""
     kw = ""
     if draft_sampling:
@@ -61,7 +76,6 @@ def run_ours(path: Path, args: argparse.Namespace, temp: float, seed: int,
               f"n_max={args.ours_n_max}, draft_sampling={draft_sampling!r})")
     params = (f"SamplingParams(temp={temp}, top_k={args.top_k}, top_p={args.top_p}, "
               f"min_p={args.min_p}, seed={seed})")
-    prompt = bench_prompt(N_PROMPT, path, seed=seed)
     code = f"""
 import json
 from pyggspec.engine import Engine
@@ -106,14 +120,16 @@ def main() -> int:
     models = ([(args.model.name, args.model)] if args.model else
               [(qt, bench_model(args.agreement, qt)) for qt in args.types])
     for qt, path in models:
+        prompts = {seed: on_cycle_prompt(path, seed) for seed in args.seeds}
         for temp in args.temps:
             reps: list[dict[str, dict]] = []
             for i, seed in enumerate(args.seeds):
                 got: dict[str, dict] = {}
+                p = prompts[seed]
                 for name, engine, what in (runs if i % 2 == 0 else runs[::-1]):
                     t0 = time.monotonic()
-                    got[name] = (run_ours(path, args, temp, seed, what) if engine == "ours"
-                                 else run_llama(path, args, temp, seed, what))
+                    got[name] = (run_ours(path, args, temp, p, seed, what) if engine == "ours"
+                                 else run_llama(path, args, temp, p, seed, what))
                     print(f"{qt} temp {temp} seed {seed} {name:18s} {got[name]['tps']:7.2f} t/s"
                           f"  accept {got[name].get('accept', float('nan')):.3f}"
                           f"  ({time.monotonic() - t0:.0f}s)", file=sys.stderr)

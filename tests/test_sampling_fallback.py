@@ -36,9 +36,13 @@ def model(tmp_path_factory):
     return cached_model(tiny_dense(dtype="f32"), tmp_path_factory.mktemp("fallback_models"))
 
 
-def _engine(path, spec: bool, params: SamplingParams, backend: bool) -> Engine:
+def _engine(path, spec: bool, params: SamplingParams, backend: bool,
+            draft_sampling: str = "greedy") -> Engine:
+    """Greedy drafts unless asked: the injected failures count the target's device calls
+    (coupled drafts run the same sampler code in the MTP graph)."""
     return Engine(path, n_ctx=128, n_parallel=len(PROMPTS), n_threads=2,
-                  spec_type="draft-mtp" if spec else None, spec=SpecConfig(n_max=2),
+                  spec_type="draft-mtp" if spec else None,
+                  spec=SpecConfig(n_max=2, draft_sampling=draft_sampling),
                   sampling=params, backend_sampling=backend, load_tokenizer=False)
 
 
@@ -96,6 +100,21 @@ def test_failed_device_step_finishes_on_host(model, monkeypatch, caplog, spec, n
     assert sum(msg in r.getMessage() for r in caplog.records) == 1
 
 
+@pytest.mark.parametrize("hook", ["build", "set_inputs", "finish_host"])
+def test_failed_coupled_draws_fall_back_to_the_host(model, monkeypatch, caplog, hook):
+    """Coupled drafts whose graph part fails are drawn on the host from then on (one log
+    line); the output is plain sampling either way."""
+    ref = _host_tokens(model, True, "dist")
+    _inject(monkeypatch, hook, 0, f"injected draft {hook} failure")
+    with caplog.at_level(logging.WARNING, logger="pyggspec.speculative"), \
+            _engine(model, True, PARAMS["dist"], False, "coupled") as e:
+        out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
+        assert e.drafter.failed
+    assert out == ref
+    assert sum("coupled drafts are drawn on the host" in r.getMessage()
+               for r in caplog.records) == 1
+
+
 @pytest.mark.parametrize("hook", ["set_inputs", "finish_host"])
 def test_fallback_on_rpc_output_device(model, monkeypatch, rpc_device, hook):
     """LM head and sampler prefix on a second device (RPC loopback): the redone step runs
@@ -103,7 +122,8 @@ def test_fallback_on_rpc_output_device(model, monkeypatch, rpc_device, hook):
     ref = _host_tokens(model, True, "dist")
     calls = _inject(monkeypatch, hook, 2, f"injected rpc {hook} failure")
     with Engine(model, n_ctx=128, n_parallel=len(PROMPTS), n_threads=2, n_gpu_layers=99,
-                device=rpc_device.name, spec_type="draft-mtp", spec=SpecConfig(n_max=2),
+                device=rpc_device.name, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=2, draft_sampling="greedy"),
                 sampling=PARAMS["dist"], backend_sampling=True, load_tokenizer=False) as e:
         assert e.placement.output_device == rpc_device.name
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]

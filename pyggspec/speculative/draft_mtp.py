@@ -29,6 +29,7 @@ matched). Either way the output is plain sampling.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +38,8 @@ import numpy as np
 from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult
 from pyggspec.sampling import RowInput, SamplerChain, plan_chain, sample_host
 from pyggspec.sampling.chain import chain_probability
+
+log = logging.getLogger("pyggspec.speculative")
 
 
 @dataclass
@@ -132,9 +135,16 @@ class MtpDrafter:
                     mb.rows = [RowInput(ch, pre) for ch, pre in rows]
             if not mb.sampling:
                 mb.logits = True
-        res = self.mtp.run(mb)
-        if res.ids is None:  # the graph part failed: draw these rows on the host
-            self.failed = True
+        try:
+            res = self.mtp.run(mb)
+        except Exception as e:
+            if not mb.sampling:
+                raise
+            self._give_up(e)  # redo with logits: an MTP step only rewrites its KV rows
+            mb.sampling, mb.rows, mb.logits = 0, None, True
+            res = self.mtp.run(mb)
+        if res.ids is None:  # the graph part failed after compute: draw on the host
+            self._give_up("reading the draws failed")
         if coupled and (res.ids is None or not res.sampled):
             lg = res.logits
             ids = np.empty(len(rows), np.int32)
@@ -151,6 +161,11 @@ class MtpDrafter:
             res = MtpResult(ids, probs, res.hidden, lg, sampled=True,
                             argmax=lg.argmax(axis=1).astype(np.int32))
         return res
+
+    def _give_up(self, why: object) -> None:
+        if not self.failed:
+            log.warning("coupled drafts are drawn on the host from now on: %s", why)
+        self.failed = True
 
     def _choice(self, slot: int, chain: SamplerChain | None) -> DraftChoice | None:
         if chain is None:
