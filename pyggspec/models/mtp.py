@@ -125,8 +125,21 @@ class MtpWeights:
         return self.weights.get(self.head_name)
 
 
+PAD_LOGIT = -1e30  # ids past --spec-draft-vocab: never drawn, finite (no NaN in a sampler op)
+
+
+def _pad_vocab(ctx: Context, logits: Tensor, n_vocab: int) -> Tensor:
+    """[draft_vocab, R] logits -> [n_vocab, R] with :data:`PAD_LOGIT` past the draft
+    vocabulary: a chain's noise is keyed by the full vocabulary's width, so coupled draws
+    need every id (the sum only gives the pad a [1, R] source the graph computes)."""
+    dv, R = logits.ne[0], logits.ne[1]
+    col = ctx.scale(ctx.sum_rows(logits), 0.0, PAD_LOGIT)
+    return ctx.concat(logits, ctx.repeat(col, (n_vocab - dv, R)), 0)
+
+
 class MtpGraph:
     used = False  # allocated and computed at least once
+    n_vocab = 0  # the LM head's full width (--spec-draft-vocab may draft over fewer ids)
     def __init__(self, hp: HParams, w: MtpWeights, kv: KVCache, shape: MtpShape,
                  plan=None) -> None:
         T, B = shape.n_seq_tokens, shape.n_seqs
@@ -164,6 +177,7 @@ class MtpGraph:
             h_all = b.cb(layers.rms_norm(b, x, w.head_norm), "h_nextn")
             h_out = b.cb(ctx.get_rows(h_all, self.out_ids), "mtp_shared_head_norm")
             head = w.head
+            self.n_vocab = head.ne[1]
             if 0 < shape.draft_vocab < head.ne[1]:
                 # the first rows of the LM head: BPE ids are roughly frequency-ordered, and a
                 # draft is only a guess the target verifies, so this loses no correctness
@@ -176,6 +190,8 @@ class MtpGraph:
                 # token) in the graph; the logits stay an output for a host fallback
                 from pyggspec.sampling import DeviceSampling
 
+                if logits.ne[0] < plan.n_vocab:
+                    logits = _pad_vocab(ctx, logits, plan.n_vocab)
                 self.logits = logits.set_output()
                 graph.expand(logits)
                 self.sampling = DeviceSampling.build(ctx, graph, logits, plan, 1)
@@ -259,6 +275,12 @@ class MtpGraph:
         if self.ids is None:  # host argmax + full-vocabulary softmax probability
             lg = self._logits
             ids = lg.argmax(axis=1).astype(np.int32)
+            if mb.logits:  # for the rows' chains (the drafter computes any probability)
+                if lg.shape[1] < self.n_vocab:  # --spec-draft-vocab: the chains need every id
+                    wide = np.full((len(lg), self.n_vocab), PAD_LOGIT, np.float32)
+                    wide[:, :lg.shape[1]] = lg
+                    return MtpResult(ids, self._top, self._h_out.copy(), wide)
+                return MtpResult(ids, self._top, self._h_out.copy(), lg.copy())
             mx = lg.max(axis=1, keepdims=True)
             probs = (1.0 / np.exp(lg - mx).sum(axis=1)).astype(np.float32)
             return MtpResult(ids, probs, self._h_out.copy(), lg.copy())
