@@ -108,7 +108,7 @@ class Engine:
                  progress: bool | None = None, spec_type: str | None = None,
                  spec: SpecConfig | None = None, mtp_type_k: str = "f16",
                  mtp_type_v: str = "f16", draft_backend_sampling: bool = True,
-                 sampling: SamplingParams | None = None, backend_sampling: bool = False,
+                 sampling: SamplingParams | None = None, backend_sampling: bool = True,
                  repack: bool = True, ctx_checkpoints: int = 4,
                  checkpoint_min_step: int = 512) -> None:
         from pyggspec.weights import load_weights, plan_placement

@@ -405,14 +405,14 @@ def test_params_parsing_and_click_options():
 
     r = CliRunner().invoke(cmd, [])
     assert r.exit_code == 0, r.output
-    assert repr((SamplingParams(), False, True)) == r.output.strip()
+    assert repr((SamplingParams(), True, True)) == r.output.strip()
     r = CliRunner().invoke(cmd, ["--temp", "0", "--top-k", "5", "--samplers", "top_k;temp",
-                                 "-l", "3+2.5", "--backend-sampling",
+                                 "-l", "3+2.5", "--no-backend-sampling",
                                  "--no-spec-draft-backend-sampling", "--seed", "9"])
     assert r.exit_code == 0, r.output
     want = SamplingParams(temp=0.0, top_k=5, samplers=("top_k", "temperature"),
                           logit_bias=((3, 2.5),), seed=9)
-    assert repr((want, True, False)) == r.output.strip()
+    assert repr((want, False, False)) == r.output.strip()
     r = CliRunner().invoke(cmd, ["--samplers", "bogus"])
     assert r.exit_code != 0 and "unknown sampler" in r.output
 

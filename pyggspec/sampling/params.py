@@ -197,7 +197,10 @@ class SamplingOptions:
     """What :func:`sampling_options` hands the command: params plus the offload switches."""
 
     params: SamplingParams
-    backend_sampling: bool = False  # target chain in the graph (llama.cpp: off by default)
+    # target chain in the graph (llama.cpp: off by default). On by default here: the noise
+    # is made in the graph, so sampled decoding costs about what greedy does
+    # (docs/benchmarks.md); tokens are the host path's either way
+    backend_sampling: bool = True
     draft_backend_sampling: bool = True  # draft chain in the MTP graph (llama.cpp: on)
 
 
@@ -256,7 +259,7 @@ def sampling_options(fn: F) -> F:
         click.option("-l", "--logit-bias", "logit_bias", multiple=True, callback=_bias_cb,
                      metavar="TOKEN_ID(+/-)BIAS", help="Bias one token, e.g. 15043+1."),
         click.option("-bs", "--backend-sampling/--no-backend-sampling", "backend_sampling",
-                     default=False, show_default=True,
+                     default=True, show_default=True,
                      help="Run the target sampler chain in the graph where the device can."),
         click.option("--spec-draft-backend-sampling/--no-spec-draft-backend-sampling",
                      "draft_backend_sampling", default=True, show_default=True,
