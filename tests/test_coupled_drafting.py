@@ -187,3 +187,22 @@ def test_coupled_drafts_over_a_draft_vocabulary(models, draft_backend_sampling):
         assert e.stats.n_drafted > 0 and not e.drafter.failed
         assert bool(e.mtp.plans) == draft_backend_sampling  # the chains ran in the graph
     assert got == want
+
+
+def test_p_min_of_argmax_drafts_in_coupled_mode(models):
+    """A slot that drafts by the argmax (its coupled draws matched the target less often)
+    compares p_min with the head's softmax probability of that argmax, as greedy drafts do
+    -- not with the chain's probability of the unused coupled draw (which, for this head at
+    temperature 2, is tiny and cut every draft). So it drafts exactly as greedy mode."""
+    path = models["dense"]
+    sp = SamplingParams(temp=2.0, top_k=0, top_p=1.0, min_p=0.0, seed=4)
+    prompts = [[300, 301, 302], [400, 401]]
+    got = {}
+    for ds in ("coupled", "greedy"):
+        with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, spec_type="draft-mtp",
+                    spec=SpecConfig(n_max=3, p_min=0.5, draft_sampling=ds)) as e:
+            out = e.generate_batch(prompts, max_tokens=40, ignore_eos=True, sampling=sp)
+            got[ds] = ([r.tokens for r in out], e.stats.n_drafted, e.stats.n_accepted)
+            if ds == "coupled":
+                assert e.drafter.n_coupled == 0 and e.drafter.n_argmax > 0  # argmax drafts
+    assert got["coupled"] == got["greedy"] and got["greedy"][1] > 0, got

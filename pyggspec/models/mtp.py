@@ -68,6 +68,7 @@ class MtpResult:
     logits: np.ndarray | None = None  # float32 [n_out, n_vocab], host-argmax path only
     sampled: bool = False  # ids were drawn by the rows' sampler chains (probs not computed)
     argmax: np.ndarray | None = None  # int32 [n_out]: the head's argmax, beside sampled ids
+    argmax_probs: np.ndarray | None = None  # its softmax probability (host draws, p_min > 0)
 
 
 class MtpWeights:

@@ -147,19 +147,20 @@ class MtpDrafter:
             self._give_up("reading the draws failed")
         if coupled and (res.ids is None or not res.sampled):
             lg = res.logits
-            ids = np.empty(len(rows), np.int32)
-            probs = np.ones(len(rows), np.float32)
+            amax = lg.argmax(axis=1).astype(np.int32)
+            ids = amax.copy()
+            probs, amax_probs = np.ones(len(rows), np.float32), None
+            if self.p_min > 0:  # argmax rows: the head's softmax; draws: the chain's
+                amax_probs = (1.0 / np.exp(lg - lg.max(axis=1, keepdims=True)).sum(axis=1)
+                              ).astype(np.float32)
+                probs = amax_probs.copy()
             for i, (ch, pre) in enumerate(rows):
-                if ch is None:
-                    ids[i] = int(lg[i].argmax())
-                    m = lg[i].max()
-                    probs[i] = 1.0 / np.exp(lg[i] - m).sum()
-                else:
+                if ch is not None:
                     ids[i] = sample_host(ch, lg[i], pre)
-                    if self.p_min > 0:
+                    if amax_probs is not None:
                         probs[i] = chain_probability(ch, lg[i], pre, int(ids[i]))
-            res = MtpResult(ids, probs, res.hidden, lg, sampled=True,
-                            argmax=lg.argmax(axis=1).astype(np.int32))
+            res = MtpResult(ids, probs, res.hidden, lg, sampled=True, argmax=amax,
+                            argmax_probs=amax_probs)
         return res
 
     def _give_up(self, why: object) -> None:
@@ -175,9 +176,12 @@ class MtpDrafter:
             c = self.choices[slot] = DraftChoice(chain.params.temp)
         return c
 
-    def _pick(self, res: MtpResult, choices: list[DraftChoice | None]) -> np.ndarray:
-        """Per row: the coupled draw, or the argmax where that matches the target better."""
+    def _pick(self, res: MtpResult, choices: list[DraftChoice | None],
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """Per row: the coupled draw, or the argmax where that matches the target better
+        (with its probability for ``p_min``: the head's softmax, as for greedy drafts)."""
         ids = res.ids.copy()
+        probs = res.probs
         for i, c in enumerate(choices):
             if c is None:
                 continue
@@ -185,8 +189,10 @@ class MtpDrafter:
                 self.n_coupled += 1
             else:
                 ids[i] = res.argmax[i]
+                if res.argmax_probs is not None:
+                    probs[i] = res.argmax_probs[i]
                 self.n_argmax += 1
-        return ids
+        return ids, probs
 
     def draft(self, reqs: list[DraftRequest],
               chains: Mapping[int, SamplerChain] | None = None) -> dict[int, Draft]:
@@ -234,7 +240,7 @@ class MtpDrafter:
                 c = choice[reqs[b].slot]
                 if c is not None:
                     out[reqs[b].slot].first = (int(res.ids[row]), int(res.argmax[row]))
-            ids = self._pick(res, [choice[reqs[b].slot] for b, _ in live])
+            ids, probs = self._pick(res, [choice[reqs[b].slot] for b, _ in live])
         step = 0
         while live:
             nxt = []
@@ -263,7 +269,7 @@ class MtpDrafter:
             res = self._run(mb, rows)
             ids, probs, h = res.ids, res.probs, res.hidden
             if res.sampled:
-                ids = self._pick(res, ch)
+                ids, probs = self._pick(res, ch)
             live = [(b, i) for i, (b, _) in enumerate(nxt)]
         # draft-time entries past the committed pairs are not committed
         for r in reqs:
