@@ -14,8 +14,10 @@ will use -- so it equals the target's token whenever both put the noisy argmax o
 id. Drafts are only guesses: how they are made never changes the output. The chains run in
 the MTP graph (in-graph noise) when the batch's drafting rows share one chain structure and
 ``p_min`` is 0; otherwise the logits come back and the chains finish on the host (then
-``p_min`` compares the draft chain's probability of the drafted token). A draft that is a
-stop token ends that sequence's drafts.
+``p_min`` compares the draft chain's probability of the drafted token; an argmax draft, see
+below, compares the head's softmax as greedy drafts do). With ``--spec-draft-vocab`` the
+head's logits are padded to the full vocabulary (the noise is keyed by its width). A draft
+that is a stop token is kept as the last draft (the target may sample it too).
 
 Coupling pays when the head's distribution resembles the target's. A head that is much
 flatter than the target (an uncalibrated head, or a low temperature) turns coupled draws into

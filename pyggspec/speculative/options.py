@@ -53,7 +53,10 @@ def spec_options(fn: F) -> F:
                      show_default=True, help="Drop drafts shorter than this."),
         click.option("--spec-draft-p-min", "p_min", type=click.FloatRange(0.0, 1.0),
                      default=0.0, show_default=True,
-                     help="Stop drafting below this probability (full softmax)."),
+                     help="Stop drafting below this probability: the head's softmax over the "
+                          "full vocabulary for argmax drafts; for coupled draws, the chain's "
+                          "probability of the drawn token (after its filters and temperature; "
+                          "computed on the host from the head's logits)."),
         click.option("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive",
                      default=False, show_default=True,
                      help="Choose each step's draft length from measured acceptance and "
