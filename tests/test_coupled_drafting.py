@@ -92,9 +92,9 @@ def test_randomized_sampled_speculation_is_lossless(models):
             e.close()
 
 
-def _batch(e: Engine, prompts, params):
+def _batch(e: Engine, prompts, params, n: int = N_TOKENS):
     """Each sequence with its own chain, all in one batch (slot i for prompt i)."""
-    handles = [e.submit(Request(p, max_tokens=N_TOKENS, sampling=sp, ignore_eos=True,
+    handles = [e.submit(Request(p, max_tokens=n, sampling=sp, ignore_eos=True,
                                 cache_prompt=False, slot=i))
                for i, (p, sp) in enumerate(zip(prompts, params))]
     return [h.result() for h in handles]
@@ -206,3 +206,46 @@ def test_p_min_of_argmax_drafts_in_coupled_mode(models):
             if ds == "coupled":
                 assert e.drafter.n_coupled == 0 and e.drafter.n_argmax > 0  # argmax drafts
     assert got["coupled"] == got["greedy"] and got["greedy"][1] > 0, got
+
+
+def test_a_stop_token_draft_is_the_last(models):
+    """Drafts never go past a stop token: one that is drafted ends the drafts (it stays the
+    last one; the target may sample it too)."""
+    from pyggspec.speculative.draft_mtp import DraftRequest
+    from pyggspec.speculative.loop import prefill
+
+    prompt = [300, 301, 302]
+    with Engine(models["dense"], n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=3)) as e:
+        samplers = e.make_samplers()
+        samplers.start(0, prompt)
+        s = prefill(e, e.drafter, {0: prompt}, e.stats, samplers, lambda t: False, 10)[0]
+
+        def draft(is_stop):  # the same pairs again: the same (argmax) drafts
+            req = DraftRequest(0, s.new_pos0, s.new_tokens, s.new_hidden, 3, is_stop)
+            return e.drafter.draft([req])[0].tokens
+
+        free = draft(None)
+        assert len(free) == 3
+        assert draft(lambda t: t == free[1]) == free[:2]
+        assert draft(lambda t: t == free[0]) == free[:1]
+
+
+def test_coupled_with_adaptive_length_n_min_and_p_min(models):
+    """The adaptive draft length, n_min and p_min keep working with coupled drafts (two
+    sequences with their own chains): lossless, drafts made, lengths chosen by the policy."""
+    path = models["moe"]
+    sp = [SamplingParams(temp=2.5, top_k=40, top_p=1.0, min_p=0.0, seed=11),
+          SamplingParams(temp=1.2, top_k=0, top_p=0.95, min_p=0.0, seed=12,
+                         repeat_penalty=1.1)]
+    prompts = [[300, 301, 302], [400, 401]]
+    with Engine(path, n_ctx=256, n_parallel=2, n_threads=2) as e:
+        want = [e.generate(p, max_tokens=32, ignore_eos=True, sampling=s).tokens
+                for p, s in zip(prompts, sp)]
+    with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=4, n_min=2, p_min=0.02, adaptive=True)) as e:
+        res = _batch(e, prompts, sp, 32)
+        got = [r.tokens for r in res]
+        assert sum(r.timings.draft_n for r in res) > 0 and sum(e.draft_policy.chosen) > 0
+        assert e.drafter.n_coupled + e.drafter.n_argmax > 0
+    assert got == want
