@@ -249,3 +249,23 @@ def test_coupled_with_adaptive_length_n_min_and_p_min(models):
         assert sum(r.timings.draft_n for r in res) > 0 and sum(e.draft_policy.chosen) > 0
         assert e.drafter.n_coupled + e.drafter.n_argmax > 0
     assert got == want
+
+
+def test_coupled_draws_planned_on_the_host_are_reported(models, caplog):
+    """A chain whose graph part the head's device cannot run is drawn on the host from the
+    head's logits: said once (at planning), and lossless."""
+    import logging
+
+    from pyggspec.sampling import force_unsupported
+
+    sp = SamplingParams(temp=2.5, top_k=40, seed=2)
+    with Engine(models["dense"], n_ctx=256, n_threads=2) as e:
+        want = e.generate([300, 301], max_tokens=20, ignore_eos=True, sampling=sp).tokens
+    with force_unsupported("TOP_K"), caplog.at_level(logging.WARNING, "pyggspec.speculative"), \
+            Engine(models["dense"], n_ctx=256, n_threads=2, spec_type="draft-mtp",
+                   spec=SpecConfig(n_max=3)) as e:
+        got = e.generate([300, 301], max_tokens=20, ignore_eos=True, sampling=sp).tokens
+        assert not e.mtp.plans and e.stats.n_drafted > 0
+    assert got == want
+    assert sum("coupled drafts of this chain are drawn on the host" in r.getMessage()
+               for r in caplog.records) == 1

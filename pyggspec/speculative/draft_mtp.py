@@ -132,6 +132,9 @@ class MtpDrafter:
                     plan = plan_chain(coupled[0].params, self.device, coupled[0].n_vocab,
                                       len(rows), True)
                     pid = self._plans[key] = self.mtp.register_plan(plan) if plan.n_device else 0
+                    if not pid:  # once per chain structure and row count: planning time only
+                        log.warning("coupled drafts of this chain are drawn on the host: %s",
+                                    "; ".join(plan.reasons) or "no graph stage")
                 if pid:
                     mb.sampling = pid
                     mb.rows = [RowInput(ch, pre) for ch, pre in rows]
