@@ -173,12 +173,19 @@ def _parse_ngl(value: str | None) -> int | str | None:
                    "(every mismatch is listed; exit 1 if any).")
 @click.option("-nr", "--no-repack", "no_repack", is_flag=True,
               help="Plan without CPU weight repacking (as run --no-repack).")
+@click.option("-bs", "--backend-sampling/--no-backend-sampling", "backend_sampling",
+              default=True, show_default=True,
+              help="Plan the compute buffers for sampler chains in the graph (as run -bs).")
+@click.option("--spec-draft-sampling", "draft_sampling", type=click.Choice(["coupled", "greedy"]),
+              default="coupled", show_default=True,
+              help="Plan for coupled drafts (sampler chains in the MTP graph) or greedy ones.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl: str | None,
             device: str | None, overrides: tuple[str, ...], cpu_moe: bool, type_k: str,
             type_v: str, n_ubatch: int, spec_n_max: int | None, spec_rollback: str,
             mtp_type_k: str, mtp_type_v: str, show_tensors: bool, pair_path: Path | None,
-            no_repack: bool, as_json: bool) -> None:
+            no_repack: bool, backend_sampling: bool, draft_sampling: str,
+            as_json: bool) -> None:
     """Describe a Qwen3.5/3.6 GGUF: dims, layer kinds, MTP head, tensors, memory.
 
     FILE may also be an MTP-only GGUF (mtp-*.gguf): then the head, its tensors and what a
@@ -271,7 +278,9 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
                                     rollback if n_max else None, type_k, type_v, mtp_type_k,
                                     mtp_type_v)
                 sized = predict_compute(model, opts, p_trunk,
-                                        placements[1] if model.mtp_file is not None else None)
+                                        placements[1] if model.mtp_file is not None else None,
+                                        backend_sampling=backend_sampling,
+                                        coupled_drafts=draft_sampling == "coupled")
                 compute, steps = sized.by_device(), sized.steps
             except Exception as e:  # noqa: BLE001 - a device that cannot be opened here
                 report["warnings"].append(f"compute buffers estimated, not sized by ggml "

@@ -20,11 +20,15 @@ The graph kinds (what :mod:`pyggspec.engine` and :mod:`pyggspec.speculative.loop
 * target verify (draft-mtp): B x ``padded_rows(n_max + 1, B)`` rows, logits and hidden rows
   for all, snapshots written per row (``--spec-rollback snapshot``);
 * MTP: the prompt warm-up / catch-up batch of ``n_parallel`` x ``n_ubatch`` rows, which
-  bounds the one-row draft steps.
+  bounds the one-row draft steps;
+* with backend sampling (:class:`SamplingSizing`): the plain steps and verify batches again
+  with a device sampling prefix after their logits, and (coupled drafts) the MTP batch with
+  the drafts' chains, for the default chain and the longest prefixes any chain can put in
+  a graph (every graph stage, ending in a sampled token or in top-k candidates), so a
+  request with its own chain builds a subset of a sized graph.
 
 Every kind is sized at the largest attended window (all KV cells). Graphs outside the
-generation loop (``Engine.eval``'s logits for every token, a device sampling prefix) may
-still grow the buffers.
+generation loop (``Engine.eval``'s logits for every token) may still grow the buffers.
 
 With weights on several devices the per-step graphs (plain steps, verify, MTP catch-up and
 drafts: at most :attr:`GraphOptions.step_rows` rows per sequence) each keep a scheduler of
@@ -34,8 +38,9 @@ bound, ``STEP_SCHEDS`` times the largest step graph of each runner, is ``steps``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
 from pyggspec.ggml.context import Context
@@ -47,7 +52,11 @@ from pyggspec.modelfile import HParams
 from pyggspec.models.mtp import MtpGraph, MtpShape, MtpWeights
 from pyggspec.models.qwen35 import TargetGraph, UBatchShape
 from pyggspec.models.runner import STEP_SCHEDS
+from pyggspec.sampling.chain import SamplingPlan, plan_chain
+from pyggspec.sampling.params import SamplingParams
 from pyggspec.speculative.loop import padded_rows
+
+log = logging.getLogger("pyggspec.compute")
 
 MTP_NO_PAD_ROWS = 64  # the drafter pads catch-up batches shorter than this (draft_mtp.py)
 
@@ -117,6 +126,57 @@ class GraphOptions:
         if T < MTP_NO_PAD_ROWS:
             T = padded_rows(T, n)
         return [MtpShape(max(T, catch_up), n, cells, n, self.device_argmax, self.draft_vocab)]
+
+
+def sizing_chains(default: SamplingParams | None = None) -> tuple[SamplingParams, ...]:
+    """``default`` and the two longest device prefixes a chain can have: every stage with a
+    graph version (logit bias, penalties, min-p, temperature), ending in a sampled token or
+    in top-k candidates. Other chains build subsets of these graphs."""
+    full = {"logit_bias": ((0, 1.0),), "repeat_penalty": 1.1, "presence_penalty": 0.5,
+            "min_p": 0.05, "temp": 0.7, "top_p": 1.0, "typical_p": 1.0}
+    out = [SamplingParams(**full, top_k=0), SamplingParams(**full, top_k=40)]
+    return (default, *out) if default is not None else tuple(out)
+
+
+@dataclass(frozen=True)
+class SamplingSizing:
+    """The device sampling the generation loop may append to its graphs: ``chains`` (see
+    :func:`sizing_chains`) on the logits' device (None: sampled on the host) and, for
+    coupled drafts, on the MTP head's device."""
+
+    n_vocab: int
+    chains: tuple[SamplingParams, ...]
+    target_device: Device | None
+    draft_device: Device | None = None
+
+    def plans(self, device: Device | None, n_rows: int) -> list[SamplingPlan]:
+        """One plan per distinct graph the chains build at ``n_rows`` rows (those with a
+        device part only)."""
+        if device is None:
+            return []
+        out: dict[tuple, SamplingPlan] = {}
+        for p in self.chains:
+            plan = plan_chain(p, device, self.n_vocab, n_rows, True)
+            if plan.n_device:
+                out.setdefault(plan.key, plan)
+        return list(out.values())
+
+
+def sampling_sizing(n_vocab: int, placement, weights, n_layer: int, *, backend_sampling: bool,
+                    coupled_drafts: bool, default: SamplingParams | None = None,
+                    ) -> SamplingSizing | None:
+    """What :class:`SamplingSizing` an engine with this placement uses: chains in the graph
+    on the output device unless backend sampling is off or the output layer is split, and
+    coupled drafts on the MTP head's device (``weights``: real or :class:`WeightShapes`)."""
+    if not backend_sampling:
+        return None
+    out = placement.output_device
+    split = out != placement.tensor_devices.get("output_norm.weight", "CPU")
+    draft = None
+    if coupled_drafts:
+        draft = weights.device_of(MtpWeights(weights, n_layer).head_name)
+    return SamplingSizing(n_vocab, sizing_chains(default), None if split else get_device(out),
+                          draft)
 
 
 class Placeholders:
@@ -219,12 +279,13 @@ class WeightShapes:
 @dataclass
 class ComputePlan:
     """Compute buffer bytes per device of the target and MTP schedulers (each the maximum
-    over its worst-case graphs), and the shapes that reach those maxima."""
+    over its worst-case graphs), and the graphs that reach those maxima (shape, and the
+    sampling plan appended to it or None)."""
 
     target: dict[str, int] = field(default_factory=dict)
     mtp: dict[str, int] = field(default_factory=dict)
-    target_peaks: list[UBatchShape] = field(default_factory=list)
-    mtp_peaks: list[MtpShape] = field(default_factory=list)
+    target_peaks: list[tuple[UBatchShape, SamplingPlan | None]] = field(default_factory=list)
+    mtp_peaks: list[tuple[MtpShape, SamplingPlan | None]] = field(default_factory=list)
     steps: dict[str, int] = field(default_factory=dict)  # several devices: step schedulers
 
     def by_device(self) -> dict[str, int]:
@@ -236,13 +297,13 @@ class ComputePlan:
 
 
 def _peaks(sized: list[tuple[object, dict[str, int]]]) -> tuple[dict[str, int], list]:
-    """Per device the largest size, and the shapes that have one of them."""
+    """Per device the largest size, and the graphs that have one of them."""
     best: dict[str, tuple[int, object]] = {}
-    for shape, sizes in sized:
+    for graph, sizes in sized:
         for dev, n in sizes.items():
             if dev not in best or n > best[dev][0]:
-                best[dev] = (n, shape)
-    peaks = list(dict.fromkeys(s for n, s in best.values() if n > 0))
+                best[dev] = (n, graph)
+    peaks = list({id(g): g for n, g in best.values() if n > 0}.values())
     return {d: n for d, (n, _) in best.items()}, peaks
 
 
@@ -252,40 +313,84 @@ def _add(into: dict[str, int], sizes: Mapping[str, int], times: int) -> None:
             into[dev] = into.get(dev, 0) + n * times
 
 
+def _sampled(shapes: list, plans_for) -> list[tuple[object, SamplingPlan | None]]:
+    """Each shape bare and with every sampling plan for its output rows (the plan's id in
+    the shape is local to the sizing: graphs are built with the plan object)."""
+    out: list[tuple[object, SamplingPlan | None]] = []
+    for shape in shapes:
+        out.append((replace(shape, sampling=0), None))
+        for k, plan in enumerate(plans_for(shape.n_outputs), 1):
+            out.append((replace(shape, sampling=k), plan))
+    return out
+
+
+def _unique(graphs: list[tuple[object, SamplingPlan | None]]) -> list:
+    seen: dict[tuple, tuple] = {}
+    for shape, plan in graphs:
+        seen.setdefault((shape, plan.key if plan is not None else None), (shape, plan))
+    return list(seen.values())
+
+
+def _size_all(graphs: list, sched: Scheduler, build) -> list:
+    """ggml's size of each (shape, sampling plan) graph. A sampled graph that cannot be
+    built or sized is left out: the step that would use it falls back to host sampling
+    (logged there), so the engine still starts."""
+    sized = []
+    for shape, splan in graphs:
+        try:
+            g = build(shape, splan)
+        except Exception as e:
+            if splan is None:
+                raise
+            log.debug("sampling graph %s not sized: %s", shape, e)
+            continue
+        try:
+            sized.append(((shape, splan), sched.reserve_size(g.graph)))
+        except Exception as e:
+            if splan is None:
+                raise
+            log.debug("sampling graph %s not sized: %s", shape, e)
+        finally:
+            g.close()
+    return sized
+
+
 def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mapping[int, Device],
                  target_sched: Scheduler, mtp_sched: Scheduler | None = None,
-                 mtp_hp: HParams | None = None, mtp_device: Device | None = None) -> ComputePlan:
+                 mtp_hp: HParams | None = None, mtp_device: Device | None = None,
+                 sampling: SamplingSizing | None = None) -> ComputePlan:
     """Build every worst-case graph over ``weights`` (real or :class:`WeightShapes`) and
     placeholder states, and let ggml size each on its scheduler (nothing is allocated;
     the schedulers' earlier reservations are dropped)."""
     block = hp.n_layer
     mh = mtp_hp or hp
     spec = opts.spec and mtp_sched is not None
+    n, rows, cells = opts.n_parallel, opts.step_rows, opts.kv_cells
     ph = Placeholders(2 * hp.n_layer + 2)
     try:
-        states = StateShapes(ph, opts.kv_cells)
+        states = StateShapes(ph, cells)
         for il in range(hp.n_layer):
             dev = layer_devices[il]
             if hp.is_recurrent(il):
-                states.add_recurrent(il, dev, hp.n_embd_r, hp.n_embd_s,
-                                     opts.n_parallel * opts.planes)
+                states.add_recurrent(il, dev, hp.n_embd_r, hp.n_embd_s, n * opts.planes)
             else:
-                states.add_kv(il, dev, hp.n_embd_k_gqa, hp.n_embd_v_gqa, opts.n_parallel,
+                states.add_kv(il, dev, hp.n_embd_k_gqa, hp.n_embd_v_gqa, n,
                               opts.type_k, opts.type_v)
         plan = ComputePlan()
-        sized = []
-        for shape in opts.target_shapes():
-            g = TargetGraph(hp, weights, states, states, shape)
-            try:
-                sized.append((shape, target_sched.reserve_size(g.graph)))
-            finally:
-                g.close()
+        graphs = [(s, None) for s in opts.target_shapes()]
+        if sampling is not None and sampling.target_device is not None:
+            # the generation loop's sampled steps: B x 1 plain steps and the verify batches
+            stepped = [UBatchShape(1, n, cells, n, False)]
+            stepped += [s for s in opts.target_shapes()
+                        if spec and s.hidden and s.n_outputs == s.n_seqs * s.n_seq_tokens]
+            graphs += _sampled(stepped, lambda r: sampling.plans(sampling.target_device, r))
+        sized = _size_all(_unique(graphs), target_sched,
+                          lambda s, p: TargetGraph(hp, weights, states, states, s, p))
         plan.target, plan.target_peaks = _peaks(sized)
-        n, rows = opts.n_parallel, opts.step_rows
         if target_sched.multi_backend:
-            step = (UBatchShape(rows, n, opts.kv_cells, n * rows, True,
+            step = (UBatchShape(rows, n, cells, n * rows, True,
                                 rows if opts.rollback == "snapshot" else 1) if spec else
-                    UBatchShape(1, n, opts.kv_cells, n, False))
+                    UBatchShape(1, n, cells, n, False))
             g = TargetGraph(hp, weights, states, states, step)
             try:
                 _add(plan.steps, target_sched.reserve_size(g.graph), STEP_SCHEDS)
@@ -293,20 +398,20 @@ def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mappin
                 g.close()
         if spec:
             assert mtp_sched is not None and mtp_device is not None
-            mkv = StateShapes(ph, opts.kv_cells)
+            mkv = StateShapes(ph, cells)
             mkv.add_kv(block, mtp_device, mh.n_embd_k_gqa,
-                       mh.n_embd_v_gqa, opts.n_parallel, opts.mtp_type_k, opts.mtp_type_v)
+                       mh.n_embd_v_gqa, n, opts.mtp_type_k, opts.mtp_type_v)
             w = MtpWeights(weights, block)
-            sized = []
-            for shape in opts.mtp_shapes():
-                g = MtpGraph(mh, w, mkv, shape)
-                try:
-                    sized.append((shape, mtp_sched.reserve_size(g.graph)))
-                finally:
-                    g.close()
+            mgraphs = [(s, None) for s in opts.mtp_shapes()]
+            if sampling is not None and sampling.draft_device is not None:
+                # coupled drafts: the first draft comes from the catch-up batch's rows
+                mgraphs += _sampled([replace(s, device_argmax=True) for s in opts.mtp_shapes()],
+                                    lambda r: sampling.plans(sampling.draft_device, r))
+            sized = _size_all(_unique(mgraphs), mtp_sched,
+                              lambda s, p: MtpGraph(mh, w, mkv, s, p))
             plan.mtp, plan.mtp_peaks = _peaks(sized)
             if mtp_sched.multi_backend:
-                g = MtpGraph(mh, w, mkv, MtpShape(rows, n, opts.kv_cells, n,
+                g = MtpGraph(mh, w, mkv, MtpShape(rows, n, cells, n,
                                                   opts.device_argmax, opts.draft_vocab))
                 try:
                     _add(plan.steps, mtp_sched.reserve_size(g.graph), STEP_SCHEDS)
@@ -321,15 +426,15 @@ def reserve_compute(plan: ComputePlan, target, mtp=None) -> None:
     """Allocate the compute buffers of the engine's schedulers at their planned sizes: the
     peak graphs are rebuilt over the real caches and reserved (graphs are not kept: on
     several backends ggml's split rewrites a graph's inputs)."""
-    for shape in plan.target_peaks:
-        g = TargetGraph(target.hp, target.weights, target.kv, target.rs, shape)
+    for shape, splan in plan.target_peaks:
+        g = TargetGraph(target.hp, target.weights, target.kv, target.rs, shape, splan)
         try:
             target.sched.reserve(g.graph)
         finally:
             g.close()
     if mtp is not None:
-        for shape in plan.mtp_peaks:
-            g = MtpGraph(mtp.hp, mtp.weights, mtp.kv, shape)
+        for shape, splan in plan.mtp_peaks:
+            g = MtpGraph(mtp.hp, mtp.weights, mtp.kv, shape, splan)
             try:
                 mtp.sched.reserve(g.graph)
             finally:
@@ -337,9 +442,12 @@ def reserve_compute(plan: ComputePlan, target, mtp=None) -> None:
 
 
 def predict_compute(model, opts: GraphOptions, placement, mtp_placement=None,
-                    n_threads: int = 1) -> ComputePlan:
+                    n_threads: int = 1, backend_sampling: bool = True,
+                    coupled_drafts: bool = True,
+                    sampling: SamplingParams | None = None) -> ComputePlan:
     """What an engine with these options will reserve, per device, without loading a byte
-    of weights (``pyggspec inspect``): placeholder weights on the planned devices."""
+    of weights (``pyggspec inspect``): placeholder weights on the planned devices.
+    ``sampling`` is the engine's default chain (None: :class:`SamplingParams`' defaults)."""
     hp = model.trunk.hparams
     weights = WeightShapes(model, placement, mtp_placement)
     backends: list[Backend] = []
@@ -357,8 +465,12 @@ def predict_compute(model, opts: GraphOptions, placement, mtp_placement=None,
             mtp_dev = weights.device_of(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
             mtp_hp = model.mtp_file.hparams if model.mtp_file is not None else None
         layer_devs = {il: get_device(placement.layer_devices[il]) for il in range(hp.n_layer)}
+        smp = sampling_sizing(model.trunk.n_vocab, placement, weights, hp.n_layer,
+                              backend_sampling=backend_sampling,
+                              coupled_drafts=coupled_drafts and opts.spec,
+                              default=sampling or SamplingParams())
         return size_compute(opts, hp, weights, layer_devs, scheds[0], mtp_sched, mtp_hp,
-                            mtp_dev)
+                            mtp_dev, smp)
     finally:
         for s in scheds:
             s.close()

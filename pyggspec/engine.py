@@ -258,7 +258,7 @@ class Engine:
         layer_devs = {il: get_device(p.layer_devices[il]) for il in range(self.hp.n_layer)}
         self._step_rows = opts.step_rows  # graphs up to this many rows keep their scheduler
         self._compute = size_compute(opts, self.hp, self.weights, layer_devs, self.sched,
-                                     self.mtp_sched, mtp_hp, mtp_dev)
+                                     self.mtp_sched, mtp_hp, mtp_dev, self._sampling_sizing())
         return plan_memory(self.hp, self.n_vocab, dict(self.weights.bytes_by_device()),
                            p.layer_devices, p.output_device, n_ctx=self.n_ctx,
                            n_parallel=self.n_parallel, n_ubatch=self.n_ubatch,
@@ -268,6 +268,20 @@ class Engine:
                            mtp_hp=mtp_hp, mtp_type_k=self._mtp_types[0],
                            mtp_type_v=self._mtp_types[1], compute=self._compute.by_device(),
                            step_graphs=self._compute.steps)
+
+    def _sampling_sizing(self):
+        """The device sampling the loop may add to graphs (None: chains run on the host)."""
+        from pyggspec.compute import sampling_sizing
+
+        coupled = bool(self.spec_type and self.spec.draft_sampling == "coupled"
+                       and self._draft_argmax and self.spec.p_min == 0)
+        return sampling_sizing(self.n_vocab, self.placement, self.weights, self.hp.n_layer,
+                               backend_sampling=self.backend_sampling, coupled_drafts=coupled,
+                               default=self.sampling)
+
+    def _output_split(self) -> bool:
+        return len({self.placement.output_device,
+                    self.placement.tensor_devices.get("output_norm.weight", "CPU")}) > 1
 
     def _check_fit(self) -> None:
         """Say so before allocating when states do not fit a device; snapshots degrade to
@@ -629,11 +643,9 @@ class Engine:
     def make_samplers(self, sampling: SamplingParams | None = None) -> SequenceSamplers:
         """Sampler chains for the slots, planned against the output device."""
         out_dev = get_device(self.placement.output_device)
-        split = len({self.placement.output_device,
-                     self.placement.tensor_devices.get("output_norm.weight", "CPU")}) > 1
         return SequenceSamplers(sampling or self.sampling, self.n_vocab, out_dev,
                                 self.backend_sampling, self.target.register_plan,
-                                output_split=split)
+                                output_split=self._output_split())
 
     def _device_ms(self) -> float:
         total = self.target.compute_ms_total + self.target.build_ms_total

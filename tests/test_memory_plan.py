@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from pyggspec.cli import main
 from pyggspec.engine import Engine
+from pyggspec.sampling import SamplingParams
 from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, qwen35_0_8b, tiny_dense, tiny_moe
 
@@ -132,12 +133,23 @@ def _mixed_run(e: Engine, n_max: int) -> None:
     ("0.8b", 128, 3, 64, 3, "snapshot"),
 ])
 def test_compute_buffers_never_grow(models, arch, n_ctx, n_par, ub, n_max, rollback):
-    """The startup reservation covers every graph the generation loop and decode() run."""
+    """The startup reservation covers every graph the generation loop and decode() run,
+    sampler chains in the graph included (greedy, a sampled token after every graph stage,
+    top-k candidates; coupled drafts in the MTP graph)."""
     with _engine(models[arch], n_ctx, n_par, ub, n_max, rollback) as e:
         planned = e.memory_plan.to_dict()["compute"]
         assert e.memory()["compute"] == planned
         _mixed_run(e, n_max)
         assert e.memory()["compute"] == planned
+        prompts = [[300 + i for i in range(n_ctx - 20 - 4 * s)] for s in range(n_par)]
+        bias = ((7, 2.0),)
+        for p in (SamplingParams(temp=1.5, top_k=0, top_p=1.0, min_p=0.02, repeat_penalty=1.2,
+                                 logit_bias=bias, seed=3),
+                  SamplingParams(temp=0.9, top_k=20, repeat_penalty=1.1, seed=4),
+                  SamplingParams(temp=0.7, seed=5)):
+            e.generate_batch(prompts, max_tokens=12, ignore_eos=True, sampling=p)
+            assert e.samplers.failed is None and e.samplers.stats.device_stages, p
+            assert e.memory()["compute"] == planned, p
 
 
 def test_prediction_and_reservation_across_devices(models, rpc_device):

@@ -86,9 +86,9 @@ def test_failed_device_step_finishes_on_host(model, monkeypatch, caplog, spec, n
     device attempt, one log line, one count in the sampling stats."""
     ref = _host_tokens(model, spec, name)
     msg = f"injected {hook} failure ({name}, spec={spec})"
-    calls = _inject(monkeypatch, hook, after, msg)
     with caplog.at_level(logging.WARNING, logger="pyggspec.sampling"), \
             _engine(model, spec, PARAMS[name], True) as e:
+        calls = _inject(monkeypatch, hook, after, msg)  # started: the generation's calls
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
         stats = e.samplers.stats.to_dict()
         failed = e.samplers.failed
@@ -105,14 +105,29 @@ def test_failed_coupled_draws_fall_back_to_the_host(model, monkeypatch, caplog, 
     """Coupled drafts whose graph part fails are drawn on the host from then on (one log
     line); the output is plain sampling either way."""
     ref = _host_tokens(model, True, "dist")
-    _inject(monkeypatch, hook, 0, f"injected draft {hook} failure")
     with caplog.at_level(logging.WARNING, logger="pyggspec.speculative"), \
             _engine(model, True, PARAMS["dist"], False, "coupled") as e:
+        _inject(monkeypatch, hook, 0, f"injected draft {hook} failure")
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
         assert e.drafter.failed
     assert out == ref
     assert sum("coupled drafts are drawn on the host" in r.getMessage()
                for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
+def test_sampling_graphs_that_cannot_be_built_at_startup(model, monkeypatch, spec):
+    """The startup sizing of sampled graphs leaves out those that fail to build: the engine
+    starts, and the generation falls back to the host at its first sampled step."""
+    ref = _host_tokens(model, spec, "dist")
+    calls = _inject(monkeypatch, "build", 0, "injected startup build failure")
+    with _engine(model, spec, PARAMS["dist"], True, "coupled") as e:
+        assert calls["n"] > 0  # the sizing tried them
+        planned = e.memory()["compute"]
+        out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
+        assert e.samplers.failed is not None
+        assert e.memory()["compute"] == planned
+    assert out == ref
 
 
 @pytest.mark.parametrize("hook", ["set_inputs", "finish_host"])
