@@ -174,8 +174,9 @@ def _parse_ngl(value: str | None) -> int | str | None:
 @click.option("-nr", "--no-repack", "no_repack", is_flag=True,
               help="Plan without CPU weight repacking (as run --no-repack).")
 @click.option("-bs", "--backend-sampling/--no-backend-sampling", "backend_sampling",
-              default=True, show_default=True,
-              help="Plan the compute buffers for sampler chains in the graph (as run -bs).")
+              default=None,
+              help="Plan the compute buffers for sampler chains in the graph (as run -bs; "
+                   "default: when the logits are not on the CPU).")
 @click.option("--spec-draft-sampling", "draft_sampling", type=click.Choice(["coupled", "greedy"]),
               default="coupled", show_default=True,
               help="Plan for coupled drafts (sampler chains in the MTP graph) or greedy ones.")
@@ -184,7 +185,7 @@ def inspect(file: Path, mtp_path: Path | None, n_ctx: int, n_parallel: int, ngl:
             device: str | None, overrides: tuple[str, ...], cpu_moe: bool, type_k: str,
             type_v: str, n_ubatch: int, spec_n_max: int | None, spec_rollback: str,
             mtp_type_k: str, mtp_type_v: str, show_tensors: bool, pair_path: Path | None,
-            no_repack: bool, backend_sampling: bool, draft_sampling: str,
+            no_repack: bool, backend_sampling: bool | None, draft_sampling: str,
             as_json: bool) -> None:
     """Describe a Qwen3.5/3.6 GGUF: dims, layer kinds, MTP head, tensors, memory.
 

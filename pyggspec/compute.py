@@ -53,7 +53,7 @@ from pyggspec.models.mtp import MtpGraph, MtpShape, MtpWeights
 from pyggspec.models.qwen35 import TargetGraph, UBatchShape
 from pyggspec.models.runner import STEP_SCHEDS
 from pyggspec.sampling.chain import SamplingPlan, plan_chain
-from pyggspec.sampling.params import SamplingParams
+from pyggspec.sampling.params import SamplingParams, graph_sampling
 from pyggspec.speculative.loop import padded_rows
 
 log = logging.getLogger("pyggspec.compute")
@@ -162,21 +162,23 @@ class SamplingSizing:
         return list(out.values())
 
 
-def sampling_sizing(n_vocab: int, placement, weights, n_layer: int, *, backend_sampling: bool,
-                    coupled_drafts: bool, default: SamplingParams | None = None,
-                    ) -> SamplingSizing | None:
-    """What :class:`SamplingSizing` an engine with this placement uses: chains in the graph
-    on the output device unless backend sampling is off or the output layer is split, and
-    coupled drafts on the MTP head's device (``weights``: real or :class:`WeightShapes`)."""
-    if not backend_sampling:
-        return None
+def sampling_sizing(n_vocab: int, placement, weights, n_layer: int, *,
+                    backend_sampling: bool | None, coupled_drafts: bool,
+                    default: SamplingParams | None = None) -> SamplingSizing | None:
+    """What :class:`SamplingSizing` an engine with this placement uses: the target's chains
+    in the graph on the output device (``backend_sampling`` resolved by
+    :func:`~pyggspec.sampling.graph_sampling`; never when the output layer is split), and
+    coupled draws on the MTP head's device (``weights``: real or :class:`WeightShapes`)."""
     out = placement.output_device
     split = out != placement.tensor_devices.get("output_norm.weight", "CPU")
+    target = None if split or not graph_sampling(backend_sampling, out) else get_device(out)
     draft = None
     if coupled_drafts:
-        draft = weights.device_of(MtpWeights(weights, n_layer).head_name)
-    return SamplingSizing(n_vocab, sizing_chains(default), None if split else get_device(out),
-                          draft)
+        head = weights.device_of(MtpWeights(weights, n_layer).head_name)
+        draft = head if graph_sampling(backend_sampling, head.name) else None
+    if target is None and draft is None:
+        return None
+    return SamplingSizing(n_vocab, sizing_chains(default), target, draft)
 
 
 class Placeholders:
@@ -442,7 +444,7 @@ def reserve_compute(plan: ComputePlan, target, mtp=None) -> None:
 
 
 def predict_compute(model, opts: GraphOptions, placement, mtp_placement=None,
-                    n_threads: int = 1, backend_sampling: bool = True,
+                    n_threads: int = 1, backend_sampling: bool | None = None,
                     coupled_drafts: bool = True,
                     sampling: SamplingParams | None = None) -> ComputePlan:
     """What an engine with these options will reserve, per device, without loading a byte

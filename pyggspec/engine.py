@@ -24,7 +24,7 @@ from pyggspec.ggml.sched import Scheduler
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import open_model
 from pyggspec.models.qwen35 import StepResult, Target, UBatch
-from pyggspec.sampling import SamplingParams
+from pyggspec.sampling import SamplingParams, graph_sampling
 from pyggspec.sampling.session import SequenceSamplers
 from pyggspec.serving.request import Event, Request, RequestHandle
 from pyggspec.speculative.loop import SpecConfig, SpecStats
@@ -108,7 +108,7 @@ class Engine:
                  progress: bool | None = None, spec_type: str | None = None,
                  spec: SpecConfig | None = None, mtp_type_k: str = "f16",
                  mtp_type_v: str = "f16", draft_backend_sampling: bool = True,
-                 sampling: SamplingParams | None = None, backend_sampling: bool = True,
+                 sampling: SamplingParams | None = None, backend_sampling: bool | None = None,
                  repack: bool = True, ctx_checkpoints: int = 4,
                  checkpoint_min_step: int = 512) -> None:
         from pyggspec.weights import load_weights, plan_placement
@@ -154,7 +154,6 @@ class Engine:
             self._mtp_types = (mtp_type_k, mtp_type_v)
             self.sampling = sampling or SamplingParams(temp=0.0)
             self.sampling.check_vocab(self.n_vocab)
-            self.backend_sampling = backend_sampling
             self.samplers: SequenceSamplers | None = None
             self.spec = spec or SpecConfig()
             grafted = False
@@ -176,6 +175,11 @@ class Engine:
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
                                         progress=progress, repack=repack)
             self._closers.append(self.weights)
+            # None: chains in the graph unless the logits are on the CPU (graph_sampling)
+            self._backend_sampling_arg = backend_sampling
+            self.backend_sampling = graph_sampling(backend_sampling,
+                                                   self.placement.output_device)
+            self._draft_chains_in_graph = False  # coupled draws in the MTP graph (_init_mtp)
             if self.spec_type and self.spec.draft_head:
                 self._add_draft_head(self.spec.draft_head)
             # verify/draft batches may run n_max + 2 positions past the committed ones
@@ -276,8 +280,8 @@ class Engine:
         coupled = bool(self.spec_type and self.spec.draft_sampling == "coupled"
                        and self._draft_argmax and self.spec.p_min == 0)
         return sampling_sizing(self.n_vocab, self.placement, self.weights, self.hp.n_layer,
-                               backend_sampling=self.backend_sampling, coupled_drafts=coupled,
-                               default=self.sampling)
+                               backend_sampling=self._backend_sampling_arg,
+                               coupled_drafts=coupled, default=self.sampling)
 
     def _output_split(self) -> bool:
         return len({self.placement.output_device,
@@ -376,10 +380,12 @@ class Engine:
                        draft_vocab=dv)
         self.mtp.step_rows = self._step_rows
         self._closers.append(self.mtp)
+        head_dev = self.weights.device_of(w.head_name)
+        self._draft_chains_in_graph = device_argmax and graph_sampling(self._backend_sampling_arg,
+                                                                       head_dev.name)
         self.drafter = MtpDrafter(self.mtp, hp.n_embd, self.spec.n_min, self.spec.p_min,
                                   coupled=self.spec.draft_sampling == "coupled",
-                                  device=self.weights.device_of(w.head_name),
-                                  backend_sampling=device_argmax)
+                                  device=head_dev, backend_sampling=self._draft_chains_in_graph)
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:

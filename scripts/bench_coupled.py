@@ -68,8 +68,10 @@ def run_llama(path: Path, args: argparse.Namespace, temp: float, prompt: list[in
 
 
 def run_ours(path: Path, args: argparse.Namespace, temp: float, prompt: list[int],
-             seed: int, draft_sampling: str | None) -> dict:
-    """``draft_sampling`` None: plain decoding."""
+             seed: int, draft_sampling: str | None, backend_sampling: bool | None = None
+             ) -> dict:
+    """``draft_sampling`` None: plain decoding; ``backend_sampling`` None: ``args``'."""
+    bs = args.backend_sampling if backend_sampling is None else backend_sampling
     kw = ""
     if draft_sampling:
         kw = (", spec_type='draft-mtp', spec=SpecConfig("
@@ -82,7 +84,7 @@ from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.speculative.loop import SpecConfig
 with Engine({str(path)!r}, n_ctx={args.ctx}, n_threads={args.threads}, load_tokenizer=False,
-            progress=False, backend_sampling={args.backend_sampling}{kw}) as e:
+            progress=False, backend_sampling={bs}{kw}) as e:
     e.generate({prompt[:8]!r}, max_tokens=4, ignore_eos=True)  # warm-up
     r = e.generate({prompt!r}, max_tokens={args.n}, ignore_eos=True, sampling={params})
     out = {{"tokens": r.tokens, "tps": r.timings.to_dict()["predicted_per_second"]}}
@@ -106,8 +108,12 @@ def main() -> int:
     ap.add_argument("--min-p", type=float, default=0.0)
     ap.add_argument("--llama-n-max", type=int, nargs="+", default=[3])
     ap.add_argument("--ours-n-max", type=int, default=3)
-    ap.add_argument("--backend-sampling", action="store_true",
-                    help="pyggspec samples in the graph (in-graph noise) instead of the host")
+    ap.add_argument("--backend-sampling", action=argparse.BooleanOptionalAction, default=True,
+                    help="pyggspec samples in the graph (in-graph noise; its default) or on "
+                         "the host")
+    ap.add_argument("--host-too", action="store_true",
+                    help="also run ours plain and coupled with the other sampling path "
+                         "(graph vs host), paired in the same rows")
     ap.add_argument("-n", type=int, default=96, help="tokens per request")
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("-t", "--threads", type=int, default=2)
@@ -116,6 +122,10 @@ def main() -> int:
     runs = [("ours plain", "ours", None), ("ours coupled", "ours", "coupled"),
             ("ours greedy-draft", "ours", "greedy"), ("llama plain", "llama", 0)]
     runs += [(f"llama n={k}", "llama", k) for k in args.llama_n_max]
+    other = "host" if args.backend_sampling else "graph"
+    if args.host_too:
+        runs[1:1] = [(f"ours plain {other}", "ours-other", None),
+                     (f"ours coupled {other}", "ours-other", "coupled")]
     table = []
     models = ([(args.model.name, args.model)] if args.model else
               [(qt, bench_model(args.agreement, qt)) for qt in args.types])
@@ -128,8 +138,13 @@ def main() -> int:
                 p = prompts[seed]
                 for name, engine, what in (runs if i % 2 == 0 else runs[::-1]):
                     t0 = time.monotonic()
-                    got[name] = (run_ours(path, args, temp, p, seed, what) if engine == "ours"
-                                 else run_llama(path, args, temp, p, seed, what))
+                    if engine == "ours":
+                        got[name] = run_ours(path, args, temp, p, seed, what)
+                    elif engine == "ours-other":
+                        got[name] = run_ours(path, args, temp, p, seed, what,
+                                             not args.backend_sampling)
+                    else:
+                        got[name] = run_llama(path, args, temp, p, seed, what)
                     print(f"{qt} temp {temp} seed {seed} {name:18s} {got[name]['tps']:7.2f} t/s"
                           f"  accept {got[name].get('accept', float('nan')):.3f}"
                           f"  ({time.monotonic() - t0:.0f}s)", file=sys.stderr)
@@ -153,7 +168,7 @@ def summarize(qt: str, temp: float, reps: list[dict[str, dict]]) -> dict:
         "accept": {n: round(statistics.mean(r[n]["accept"] for r in reps), 4) for n in names
                    if all("accept" in r[n] for r in reps)},
         "identical": all(r[n]["tokens"] == r["ours plain"]["tokens"] for r in reps
-                         for n in ("ours coupled", "ours greedy-draft")),
+                         for n in names if n.startswith("ours ")),
         "llama_identical": [r[best]["tokens"] == r["llama plain"]["tokens"] for r in reps],
         "coupled_speedup": round(paired("ours coupled", "ours plain"), 3),
         "greedy_speedup": round(paired("ours greedy-draft", "ours plain"), 3),
@@ -177,6 +192,13 @@ def print_table(table: list[dict], args: argparse.Namespace) -> None:
               f"{r['coupled_speedup']:.3f} | {r['greedy_speedup']:.3f} | "
               f"{r['llama_speedup']:.3f} | {r['coupled_vs_llama_best']:.3f} | "
               f"{r['identical']} |")
+    other = [n for n in table[0]["tps"] if n.startswith("ours") and n.endswith(("host", "graph"))]
+    if other:
+        print("\n| temp | " + " | ".join(["ours plain", "ours coupled", *other]) + " |")
+        print("|---|" + "---:|" * (2 + len(other)))
+        for r in table:
+            print(f"| {r['temp']} | " + " | ".join(f"{r['tps'][n]:.2f}" for n in
+                                                   ["ours plain", "ours coupled", *other]) + " |")
     print(json.dumps({"bench": "coupled", "n": args.n, "seeds": args.seeds, "rows": table}))
 
 

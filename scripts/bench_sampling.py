@@ -35,6 +35,8 @@ from pyggspec.sampling import (
 CHAINS = {
     "default": SamplingParams(seed=1, repeat_penalty=1.1),
     "greedy": SamplingParams(seed=1, temp=0.0),
+    # no truncation: every stage in the graph, the token drawn there with in-graph noise
+    "dist": SamplingParams(seed=1, temp=1.0, top_k=0, top_p=1.0, min_p=0.0),
 }
 
 
@@ -99,7 +101,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads (2 busy-waiting threads on a 2-core VM distort timings)")
-    ap.add_argument("--chains", default="default,greedy")
+    ap.add_argument("--chains", default="default,greedy,dist")
     ap.add_argument("--no-rpc", action="store_true")
     a = ap.parse_args()
 

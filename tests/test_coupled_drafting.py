@@ -181,7 +181,7 @@ def test_coupled_drafts_over_a_draft_vocabulary(models, draft_backend_sampling):
                                                    sampling=sp)]
     with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=3, draft_vocab=512),
-                draft_backend_sampling=draft_backend_sampling) as e:
+                backend_sampling=True, draft_backend_sampling=draft_backend_sampling) as e:
         got = [r.tokens for r in e.generate_batch(prompts, max_tokens=24, ignore_eos=True,
                                                   sampling=sp)]
         assert e.stats.n_drafted > 0 and not e.drafter.failed
@@ -263,7 +263,7 @@ def test_coupled_draws_planned_on_the_host_are_reported(models, caplog):
         want = e.generate([300, 301], max_tokens=20, ignore_eos=True, sampling=sp).tokens
     with force_unsupported("TOP_K"), caplog.at_level(logging.WARNING, "pyggspec.speculative"), \
             Engine(models["dense"], n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                   spec=SpecConfig(n_max=3)) as e:
+                   spec=SpecConfig(n_max=3), backend_sampling=True) as e:
         got = e.generate([300, 301], max_tokens=20, ignore_eos=True, sampling=sp).tokens
         assert not e.mtp.plans and e.stats.n_drafted > 0
     assert got == want

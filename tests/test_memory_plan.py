@@ -136,7 +136,7 @@ def test_compute_buffers_never_grow(models, arch, n_ctx, n_par, ub, n_max, rollb
     """The startup reservation covers every graph the generation loop and decode() run,
     sampler chains in the graph included (greedy, a sampled token after every graph stage,
     top-k candidates; coupled drafts in the MTP graph)."""
-    with _engine(models[arch], n_ctx, n_par, ub, n_max, rollback) as e:
+    with _engine(models[arch], n_ctx, n_par, ub, n_max, rollback, backend_sampling=True) as e:
         planned = e.memory_plan.to_dict()["compute"]
         assert e.memory()["compute"] == planned
         _mixed_run(e, n_max)

@@ -405,7 +405,9 @@ def test_params_parsing_and_click_options():
 
     r = CliRunner().invoke(cmd, [])
     assert r.exit_code == 0, r.output
-    assert repr((SamplingParams(), True, True)) == r.output.strip()
+    assert repr((SamplingParams(), None, True)) == r.output.strip()  # None: graph_sampling
+    r = CliRunner().invoke(cmd, ["-bs"])
+    assert r.exit_code == 0 and repr((SamplingParams(), True, True)) == r.output.strip()
     r = CliRunner().invoke(cmd, ["--temp", "0", "--top-k", "5", "--samplers", "top_k;temp",
                                  "-l", "3+2.5", "--no-backend-sampling",
                                  "--no-spec-draft-backend-sampling", "--seed", "9"])
@@ -415,6 +417,15 @@ def test_params_parsing_and_click_options():
     assert repr((want, False, False)) == r.output.strip()
     r = CliRunner().invoke(cmd, ["--samplers", "bogus"])
     assert r.exit_code != 0 and "unknown sampler" in r.output
+
+
+def test_graph_sampling_default_is_off_on_the_cpu_only():
+    """-bs unset: chains in the graph on any device but the CPU; set: as asked."""
+    from pyggspec.sampling import graph_sampling
+
+    assert graph_sampling(None, "CPU") is False
+    assert graph_sampling(None, "CUDA0") is True and graph_sampling(None, "RPC0") is True
+    assert graph_sampling(True, "CPU") is True and graph_sampling(False, "CUDA0") is False
 
 
 def test_raw_ggml_argmax_tie_rule_is_not_ours(cpu):

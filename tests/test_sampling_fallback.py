@@ -103,10 +103,11 @@ def test_failed_device_step_finishes_on_host(model, monkeypatch, caplog, spec, n
 @pytest.mark.parametrize("hook", ["build", "set_inputs", "finish_host"])
 def test_failed_coupled_draws_fall_back_to_the_host(model, monkeypatch, caplog, hook):
     """Coupled drafts whose graph part fails are drawn on the host from then on (one log
-    line); the output is plain sampling either way."""
+    line; the target's chains, which fail too, fall back on their own); the output is plain
+    sampling either way."""
     ref = _host_tokens(model, True, "dist")
     with caplog.at_level(logging.WARNING, logger="pyggspec.speculative"), \
-            _engine(model, True, PARAMS["dist"], False, "coupled") as e:
+            _engine(model, True, PARAMS["dist"], True, "coupled") as e:
         _inject(monkeypatch, hook, 0, f"injected draft {hook} failure")
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
         assert e.drafter.failed

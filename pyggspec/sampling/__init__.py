@@ -84,6 +84,7 @@ from pyggspec.sampling.params import (
     DEFAULT_SAMPLERS,
     SamplingOptions,
     SamplingParams,
+    graph_sampling,
     sampling_options,
 )
 from pyggspec.sampling.stages import gumbel_noise
@@ -100,6 +101,7 @@ __all__ = [
     "SamplingStats",
     "finish_host",
     "force_unsupported",
+    "graph_sampling",
     "gumbel_noise",
     "plan_chain",
     "plan_chains",

@@ -197,11 +197,19 @@ class SamplingOptions:
     """What :func:`sampling_options` hands the command: params plus the offload switches."""
 
     params: SamplingParams
-    # target chain in the graph (llama.cpp: off by default). On by default here: the noise
-    # is made in the graph, so sampled decoding costs about what greedy does
-    # (docs/benchmarks.md); tokens are the host path's either way
-    backend_sampling: bool = True
-    draft_backend_sampling: bool = True  # draft chain in the MTP graph (llama.cpp: on)
+    # sampler chains in the graph (None: where the logits are not on the CPU, see
+    # graph_sampling); tokens are the host path's either way
+    backend_sampling: bool | None = None
+    draft_backend_sampling: bool = True  # draft argmax in the MTP graph (llama.cpp: on)
+
+
+def graph_sampling(flag: bool | None, device_name: str) -> bool:
+    """Whether sampler chains run in the graph of logits on ``device_name``: as asked, else
+    on any device but the CPU. On a GPU (or remote) device the graph saves the 1 MB read-back
+    and the numpy pass per row; on the CPU the host is faster on peaked logits, because it
+    prunes every token that cannot win the Gumbel-max while the graph computes the noise of
+    the full row (docs/benchmarks.md, "In-graph counter-keyed noise")."""
+    return flag if flag is not None else device_name != "CPU"
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -259,11 +267,14 @@ def sampling_options(fn: F) -> F:
         click.option("-l", "--logit-bias", "logit_bias", multiple=True, callback=_bias_cb,
                      metavar="TOKEN_ID(+/-)BIAS", help="Bias one token, e.g. 15043+1."),
         click.option("-bs", "--backend-sampling/--no-backend-sampling", "backend_sampling",
-                     default=True, show_default=True,
-                     help="Run the target sampler chain in the graph where the device can."),
+                     default=None,
+                     help="Run sampler chains (the target's, and coupled drafts') in the "
+                          "graph where the device can. Default: when the logits are on a "
+                          "GPU or other non-CPU device; on the CPU the host is faster."),
         click.option("--spec-draft-backend-sampling/--no-spec-draft-backend-sampling",
                      "draft_backend_sampling", default=True, show_default=True,
-                     help="Run the draft sampler chain in the MTP graph."),
+                     help="Take the draft argmax (and, with -bs, coupled draws) in the MTP "
+                          "graph."),
     ]
 
     import functools
