@@ -170,8 +170,8 @@ def sampling_sizing(n_vocab: int, placement, weights, n_layer: int, *,
     :func:`~pyggspec.sampling.graph_sampling`; never when the output layer is split), and
     coupled draws on the MTP head's device (``weights``: real or :class:`WeightShapes`)."""
     out = placement.output_device
-    split = out != placement.tensor_devices.get("output_norm.weight", "CPU")
-    target = None if split or not graph_sampling(backend_sampling, out) else get_device(out)
+    target = (None if placement.output_split or not graph_sampling(backend_sampling, out)
+              else get_device(out))
     draft = None
     if coupled_drafts:
         head = weights.device_of(MtpWeights(weights, n_layer).head_name)

@@ -179,7 +179,6 @@ class Engine:
             self._backend_sampling_arg = backend_sampling
             self.backend_sampling = graph_sampling(backend_sampling,
                                                    self.placement.output_device)
-            self._draft_chains_in_graph = False  # coupled draws in the MTP graph (_init_mtp)
             if self.spec_type and self.spec.draft_head:
                 self._add_draft_head(self.spec.draft_head)
             # verify/draft batches may run n_max + 2 positions past the committed ones
@@ -283,10 +282,6 @@ class Engine:
                                backend_sampling=self._backend_sampling_arg,
                                coupled_drafts=coupled, default=self.sampling)
 
-    def _output_split(self) -> bool:
-        return len({self.placement.output_device,
-                    self.placement.tensor_devices.get("output_norm.weight", "CPU")}) > 1
-
     def _check_fit(self) -> None:
         """Say so before allocating when states do not fit a device; snapshots degrade to
         checkpoints first (llama.cpp would run out of memory at allocation instead)."""
@@ -381,11 +376,11 @@ class Engine:
         self.mtp.step_rows = self._step_rows
         self._closers.append(self.mtp)
         head_dev = self.weights.device_of(w.head_name)
-        self._draft_chains_in_graph = device_argmax and graph_sampling(self._backend_sampling_arg,
-                                                                       head_dev.name)
+        chains_in_graph = device_argmax and graph_sampling(self._backend_sampling_arg,
+                                                           head_dev.name)
         self.drafter = MtpDrafter(self.mtp, hp.n_embd, self.spec.n_min, self.spec.p_min,
                                   coupled=self.spec.draft_sampling == "coupled",
-                                  device=head_dev, backend_sampling=self._draft_chains_in_graph)
+                                  device=head_dev, backend_sampling=chains_in_graph)
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:
@@ -651,7 +646,7 @@ class Engine:
         out_dev = get_device(self.placement.output_device)
         return SequenceSamplers(sampling or self.sampling, self.n_vocab, out_dev,
                                 self.backend_sampling, self.target.register_plan,
-                                output_split=self._output_split())
+                                output_split=self.placement.output_split)
 
     def _device_ms(self) -> float:
         total = self.target.compute_ms_total + self.target.build_ms_total

@@ -78,6 +78,12 @@ class Placement:
     def device_of(self, name: str) -> str:
         return self.tensor_devices[name]
 
+    @property
+    def output_split(self) -> bool:
+        """The LM head and the output norm on different devices (sampler chains then run
+        on the host: the logits' device does not hold the whole output layer)."""
+        return self.output_device != self.tensor_devices.get("output_norm.weight", CPU)
+
     def to_dict(self) -> dict:
         return {
             "offload_devices": list(self.offload_devices), "n_gpu_layers": self.n_gpu_layers,

@@ -108,13 +108,9 @@ def wait_idle(http: httpx.Client, timeout: float = 20.0) -> list[dict]:
 
 
 def on_devices(mem: dict) -> dict:
-    """Memory by component on the ggml devices, without host-side prompt checkpoints and
-    without the sampler graphs' constants (a few hundred bytes per cached sampling graph,
-    made by the first sampled request of each chain structure, bounded by the graph
-    cache)."""
-    out = {c: {d: n for d, n in v.items() if d != "host"} for c, v in mem.items()
-           if isinstance(v, dict) and c not in ("sampling", "by_device")}
-    return {c: v for c, v in out.items() if v}
+    """Memory by component on the ggml devices (without host-side prompt checkpoints)."""
+    return {c: {d: n for d, n in v.items() if d != "host"} for c, v in mem.items()
+            if isinstance(v, dict)}
 
 
 def sse_data(lines) -> list:

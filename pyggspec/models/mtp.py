@@ -126,6 +126,13 @@ class MtpWeights:
         return self.weights.get(self.head_name)
 
 
+def argmax_probability(logits: np.ndarray) -> np.ndarray:
+    """float32 [n]: each row's softmax probability of its largest logit (the p_min measure
+    of an argmax draft)."""
+    mx = logits.max(axis=1, keepdims=True)
+    return (1.0 / np.exp(logits - mx).sum(axis=1)).astype(np.float32)
+
+
 PAD_LOGIT = -1e30  # ids past --spec-draft-vocab: never drawn, finite (no NaN in a sampler op)
 
 
@@ -282,9 +289,7 @@ class MtpGraph:
                     wide[:, :lg.shape[1]] = lg
                     return MtpResult(ids, self._top, self._h_out.copy(), wide)
                 return MtpResult(ids, self._top, self._h_out.copy(), lg.copy())
-            mx = lg.max(axis=1, keepdims=True)
-            probs = (1.0 / np.exp(lg - mx).sum(axis=1)).astype(np.float32)
-            return MtpResult(ids, probs, self._h_out.copy(), lg.copy())
+            return MtpResult(ids, argmax_probability(lg), self._h_out.copy(), lg.copy())
         return MtpResult(self._ids.copy(), self._top.copy(), self._h_out.copy())
 
     def close(self) -> None:

@@ -347,6 +347,7 @@ class DeviceSampling:
         self._const_buf: Buffer | None = None
         self._revid: Tensor | None = None
         self._device_inputs: dict[str, Tensor] = {}
+        self._grid: N.Grid | None = None  # the noise's id grid (dist in the graph)
         self._bound = False
         self._arrays: dict[str, np.ndarray] = {}
 
@@ -371,6 +372,7 @@ class DeviceSampling:
             raise GraphError(f"sampling: {R} rows is not a multiple of {rows_per_seq} per seq")
         if plan.n_device == 0:
             return self
+        self._grid = N.Grid.for_vocab(V)
         b = S.GraphBuilder(ctx, V, R, self._make_revid)
         b.device_input = self._device_input
         x = logits
@@ -464,7 +466,7 @@ class DeviceSampling:
             self._bind()
         sig = tuple(s.signature() for s in plan.stages)
         V = plan.n_vocab
-        grid = N.Grid.for_vocab(V)
+        grid = self._grid
         a = self._arrays
         for r, ri in enumerate(rows):
             ch = ri.chain

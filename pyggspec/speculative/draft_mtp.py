@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult
+from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult, argmax_probability
 from pyggspec.sampling import RowInput, SamplerChain, plan_chain, sample_host
 from pyggspec.sampling.chain import chain_probability
 
@@ -152,12 +152,12 @@ class MtpDrafter:
             self._give_up("reading the draws failed")
         if coupled and (res.ids is None or not res.sampled):
             lg = res.logits
-            amax = lg.argmax(axis=1).astype(np.int32)
+            # the logits path read the argmax already; a failed read of the draws did not
+            amax = res.ids if res.ids is not None else lg.argmax(axis=1).astype(np.int32)
             ids = amax.copy()
             probs, amax_probs = np.ones(len(rows), np.float32), None
             if self.p_min > 0:  # argmax rows: the head's softmax; draws: the chain's
-                amax_probs = (1.0 / np.exp(lg - lg.max(axis=1, keepdims=True)).sum(axis=1)
-                              ).astype(np.float32)
+                amax_probs = argmax_probability(lg)
                 probs = amax_probs.copy()
             for i, (ch, pre) in enumerate(rows):
                 if ch is not None:
