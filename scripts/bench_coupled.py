@@ -26,7 +26,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import LlamaServer, bench_model, bench_prompt, run_child
+from benchlib import (
+    LlamaServer,
+    add_offload_args,
+    bench_model,
+    bench_prompt,
+    engine_offload_kw,
+    run_child,
+    set_offload,
+)
 
 N_PROMPT = 32
 
@@ -45,7 +53,8 @@ def on_cycle_prompt(path: Path, seed: int) -> list[int]:
 import json
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
-with Engine({str(path)!r}, n_ctx=256, load_tokenizer=False, progress=False) as e:
+with Engine({str(path)!r}, n_ctx=256, load_tokenizer=False, progress=False
+            {engine_offload_kw()}) as e:
     print(json.dumps(e.generate({base!r}, max_tokens=4, ignore_eos=True,
                                 sampling=SamplingParams(temp=0.0)).tokens))
 """
@@ -84,7 +93,7 @@ from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.speculative.loop import SpecConfig
 with Engine({str(path)!r}, n_ctx={args.ctx}, n_threads={args.threads}, load_tokenizer=False,
-            progress=False, backend_sampling={bs}{kw}) as e:
+            progress=False, backend_sampling={bs}{kw}{engine_offload_kw()}) as e:
     e.generate({prompt[:8]!r}, max_tokens=4, ignore_eos=True)  # warm-up
     r = e.generate({prompt!r}, max_tokens={args.n}, ignore_eos=True, sampling={params})
     out = {{"tokens": r.tokens, "tps": r.timings.to_dict()["predicted_per_second"]}}
@@ -117,7 +126,9 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=96, help="tokens per request")
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    add_offload_args(ap)
     args = ap.parse_args()
+    set_offload(args)
 
     runs = [("ours plain", "ours", None), ("ours coupled", "ours", "coupled"),
             ("ours greedy-draft", "ours", "greedy"), ("llama plain", "llama", 0)]

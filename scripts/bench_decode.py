@@ -23,7 +23,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import LlamaServer, bench_model, bench_prompt, run_child
+from benchlib import (
+    LlamaServer,
+    add_offload_args,
+    bench_model,
+    bench_prompt,
+    engine_offload_kw,
+    run_child,
+    set_offload,
+)
 
 
 def quantized_models(types: list[str]) -> dict[str, Path]:
@@ -50,7 +58,8 @@ def run_pyggspec(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bo
 import json, statistics, time
 from pyggspec.engine import Engine
 with Engine({str(path)!r}, n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, n_batch={n_prompt},
-            n_ubatch={n_prompt}, load_tokenizer=False, progress=False, repack={repack}) as e:
+            n_ubatch={n_prompt}, load_tokenizer=False, progress=False, repack={repack}
+            {engine_offload_kw()}) as e:
     prompt = {bench_prompt(n_prompt, path)!r}
     e.decode({{0: prompt[:8]}}); e.clear(0)                       # warm-up, like llama-bench
     t0 = time.perf_counter(); lg = e.decode({{0: prompt}})[0].logits; t1 = time.perf_counter()
@@ -78,7 +87,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-pyggspec-norepack", action="store_true",
                     help="skip pyggspec's own --no-repack run")
+    add_offload_args(ap)
     args = ap.parse_args()
+    set_offload(args)
     models = ({args.model.name: args.model} if args.model
               else quantized_models(args.types.split(",")))
     runs = [("llama.cpp", True), ("llama.cpp -nr", False), ("pyggspec", True)]

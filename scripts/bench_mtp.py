@@ -29,7 +29,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import LlamaServer, bench_model, bench_prompt, run_child
+from benchlib import (
+    LlamaServer,
+    add_offload_args,
+    bench_model,
+    bench_prompt,
+    engine_offload_kw,
+    run_child,
+    set_offload,
+)
 
 N_PROMPT = 32
 
@@ -72,7 +80,7 @@ from pyggspec.engine import Engine
 from pyggspec.speculative.loop import SpecConfig
 prompts = {prompts(P, path)!r}
 with Engine({str(path)!r}, n_ctx={args.ctx}, n_parallel={P}, n_threads={args.threads},
-            load_tokenizer=False, progress=False{kw}) as e:
+            load_tokenizer=False, progress=False{kw}{engine_offload_kw()}) as e:
     e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)  # warm-up
     t0 = time.perf_counter()
     res = e.generate_batch(prompts, max_tokens={args.n}, ignore_eos=True)
@@ -106,7 +114,9 @@ def main() -> int:
                     help="also run pyggspec's default with --spec-draft-head TYPE")
     ap.add_argument("--no-ours-fixed", action="store_true",
                     help="skip pyggspec at fixed n_max (only plain and its default)")
+    add_offload_args(ap)
     args = ap.parse_args()
+    set_offload(args)
     repacks = {"both": [True, False], "on": [True], "off": [False]}[args.llama_repack]
 
     table = []

@@ -36,7 +36,8 @@ import httpx
 from typing_extensions import Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import CACHE, TOOLS, free_port
+import benchlib
+from benchlib import CACHE, add_offload_args, free_port, llama_offload_flags, set_offload
 
 
 def default_model() -> Path:
@@ -54,8 +55,9 @@ def server_cmd(engine: str, args: argparse.Namespace, spec: bool, port: int) -> 
         flags.append("--no-repack")
     if spec:
         flags += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(args.n_max)]
+    flags += llama_offload_flags()  # -ngl / -dev: both servers take llama.cpp's flag names
     if engine == "llama-server":
-        exe = TOOLS / "llama-server"
+        exe = benchlib.TOOLS / "llama-server"
         if not exe.exists():
             sys.exit(f"bench_serve: {exe} not found; run scripts/build_llamacpp_tools.sh "
                      "llama-server first")
@@ -186,7 +188,9 @@ def main() -> int:
                     choices=["plain", "draft-mtp"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-repack", action="store_true", help="pass --no-repack to both")
+    add_offload_args(ap)
     args = ap.parse_args()
+    set_offload(args)
     if args.model is None:
         args.model = default_model()
     if args.prompt + args.gen > args.ctx:

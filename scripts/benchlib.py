@@ -24,6 +24,62 @@ TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
 
 
+# --- GPU offload (scripts/gpu_check.sh): unset, nothing changes from the CPU benchmarks ------
+class Offload:
+    """``-ngl`` and ``-dev`` given to both engines: llama-server's flags, the Engine's
+    ``n_gpu_layers`` / ``device`` in the child processes, ``pyggspec serve``'s flags."""
+
+    ngl: int | None = None
+    device: str | None = None
+
+
+OFFLOAD = Offload()
+
+
+def add_offload_args(ap) -> None:
+    """The benchmarks' GPU options (all off by default: CPU runs as before)."""
+    ap.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=None,
+                    help="layers on the GPU for both engines (e.g. 99: full offload)")
+    ap.add_argument("-dev", "--device", dest="device", default=None,
+                    help="ggml device for both engines (e.g. CUDA0, Vulkan0)")
+    ap.add_argument("--llama-build", type=Path, default=None,
+                    help="llama.cpp build folder whose bin/ holds the llama-server to compare "
+                         "with (default: $PYGGSPEC_LLAMACPP_BUILD or .cache/llama.cpp-build)")
+
+
+def set_offload(args) -> None:
+    OFFLOAD.ngl = getattr(args, "ngl", None)
+    OFFLOAD.device = getattr(args, "device", None)
+    if getattr(args, "llama_build", None):
+        use_llama_build(args.llama_build)
+
+
+def use_llama_build(build: str | os.PathLike) -> None:
+    """Compare with the llama-server of this llama.cpp build folder from now on."""
+    global TOOLS
+    TOOLS = Path(build) / "bin"
+
+
+def llama_offload_flags() -> list[str]:
+    """``-ngl N -dev NAME`` as set (the same flag names serve ``pyggspec serve``)."""
+    flags = []
+    if OFFLOAD.ngl is not None:
+        flags += ["-ngl", str(OFFLOAD.ngl)]
+    if OFFLOAD.device:
+        flags += ["-dev", OFFLOAD.device]
+    return flags
+
+
+def engine_offload_kw() -> str:
+    """Keyword arguments for the ``Engine(...)`` the benchmarks run in a child ("" unset)."""
+    kw = ""
+    if OFFLOAD.ngl is not None:
+        kw += f", n_gpu_layers={OFFLOAD.ngl}"
+    if OFFLOAD.device:
+        kw += f", device={OFFLOAD.device!r}"
+    return kw
+
+
 def tool(name: str) -> Path:
     p = TOOLS / name
     if not p.exists():
@@ -81,7 +137,7 @@ class LlamaServer:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.cmd = [str(tool("llama-server")), "-m", str(model), "--host", "127.0.0.1",
-                    "--port", str(self.port), *flags]
+                    "--port", str(self.port), *flags, *llama_offload_flags()]
 
     def __enter__(self) -> Self:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,

@@ -12,6 +12,11 @@
 #
 #   scripts/build_llamacpp_tools.sh                 # all tools
 #   scripts/build_llamacpp_tools.sh llama-server    # just these targets
+#
+# Environment: PYGGSPEC_LLAMACPP_SRC (llama.cpp source tree), PYGGSPEC_LLAMACPP_BUILD (build
+# folder), CMAKE_ARGS (added after the flags below, so they win: e.g. -DGGML_CUDA=on or
+# -DGGML_VULKAN=on; scripts/gpu_check.sh uses this), PYGGSPEC_BUILD_JOBS (default: all
+# cores), CMAKE_GENERATOR (CMake's own variable, e.g. Ninja).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SRC="${PYGGSPEC_LLAMACPP_SRC:-.cache/llama-cpp-python-0.3.36/vendor/llama.cpp}"
@@ -47,5 +52,5 @@ echo "build_llamacpp_tools.sh: ${ISA[*]:-native ISA}" >&2
 cmake -S "$SRC" -B "$OUT" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_OPENSSL=OFF -DGGML_RPC=OFF -DBUILD_SHARED_LIBS=OFF \
   "${ISA[@]}" ${CMAKE_ARGS:-} >/dev/null
-cmake --build "$OUT" -j "$(nproc)" --target "${TARGETS[@]}"
+cmake --build "$OUT" -j "${PYGGSPEC_BUILD_JOBS:-$(nproc)}" --target "${TARGETS[@]}"
 for t in "${TARGETS[@]}"; do ls -l "$OUT/bin/$t"; done
