@@ -49,6 +49,31 @@ if [ ! -d "$SRC" ]; then
   mkdir -p "$SRC.tmp" && tar -xzf "$SDIST" -C "$SRC.tmp" --strip-components=1 && mv "$SRC.tmp" "$SRC"
 fi
 
+# --- Vulkan on older headers -------------------------------------------------------------
+# 0.3.36's ggml-vulkan.cpp names VK_EXT_layer_settings types that Vulkan headers before
+# 1.3.254 (Debian 12: 1.3.239, Ubuntu 22.04: 1.3.204) lack. Only then, put our shim
+# (native/vulkan_compat/vulkan/vulkan.hpp: the real header plus those few types) first on
+# the C++ include path. ggml is not modified; newer headers build untouched.
+wants_vulkan() { printf '%s' "${CMAKE_ARGS:-}" | grep -qiE -- '-DGGML_VULKAN(:BOOL)?=(on|1|true|yes)'; }
+vulkan_headers_lack_layer_settings() {
+  local inc core
+  inc=$(pkg-config --variable=includedir vulkan 2>/dev/null || true)
+  for core in "${VULKAN_SDK:+$VULKAN_SDK/include}/vulkan/vulkan_core.h" "${inc:-/usr/include}/vulkan/vulkan_core.h" /usr/include/vulkan/vulkan_core.h; do
+    if [ -f "$core" ]; then
+      grep -q 'VK_EXT_layer_settings' "$core" && return 1 || return 0
+    fi
+  done
+  echo "install.sh: -DGGML_VULKAN=on but no Vulkan headers found (Debian/Ubuntu: apt-get install libvulkan-dev glslc spirv-headers mesa-vulkan-drivers)" >&2
+  exit 1
+}
+if wants_vulkan; then
+  command -v glslc >/dev/null || { echo "install.sh: -DGGML_VULKAN=on needs glslc (Debian/Ubuntu: apt-get install glslc spirv-headers libvulkan-dev)" >&2; exit 1; }
+  if vulkan_headers_lack_layer_settings; then
+    say "Vulkan headers predate VK_EXT_layer_settings: building with native/vulkan_compat"
+    CMAKE_ARGS="${CMAKE_ARGS:-} -DCMAKE_CXX_FLAGS=-I$PWD/native/vulkan_compat"
+  fi
+fi
+
 # --- 1. llama-cpp-python with RPC -------------------------------------------------------
 status=$(llama_status)
 if [ "$status" != "ok" ] || [ -n "${CMAKE_ARGS:-}" ] || [ -n "${PYGGSPEC_REBUILD:-}" ]; then

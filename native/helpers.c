@@ -135,3 +135,55 @@ struct ggml_tensor * pyggspec_view_bits(struct ggml_context * ctx, struct ggml_t
     t->type = type;
     return t;
 }
+
+struct pyggspec_probe_hit { int node; int kind; ggml_backend_dev_t dev; };
+
+/* Probe a graph before ggml's scheduler splits it: the nodes that a device holding their
+ * data cannot run. kind 0: a weight lives on a device that lacks the op -- the scheduler
+ * runs the node elsewhere (the CPU) and copies the weight, a fallback pyggspec reports;
+ * kind 1: the node writes into a tensor pre-allocated on such a device (a cache or state
+ * view) -- ggml_backend_sched would GGML_ABORT, so pyggspec raises an error instead.
+ * Returns the number of hits (at most cap are written). */
+int pyggspec_graph_probe(struct ggml_cgraph * graph, struct pyggspec_probe_hit * out, int cap) {
+    int n = 0;
+    const int n_nodes = ggml_graph_n_nodes(graph);
+    for (int i = 0; i < n_nodes; i++) {
+        struct ggml_tensor * t = ggml_graph_node(graph, i);
+        if (t->op == GGML_OP_NONE || t->op == GGML_OP_VIEW || t->op == GGML_OP_RESHAPE ||
+                t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE) {
+            continue;
+        }
+        const struct ggml_tensor * base = t->view_src ? t->view_src : t;
+        ggml_backend_buffer_t buf = base->buffer;
+        int kind = -1;
+        ggml_backend_dev_t dev = NULL;
+        if (buf != NULL && !ggml_backend_buffer_is_host(buf) &&
+                ggml_backend_buffer_get_usage(buf) != GGML_BACKEND_BUFFER_USAGE_COMPUTE) {
+            dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
+            if (dev != NULL && !ggml_backend_dev_supports_op(dev, t)) {
+                kind = 1;
+            }
+        } else {
+            for (int s = 0; s < GGML_MAX_SRC && kind < 0; s++) {
+                const struct ggml_tensor * src = t->src[s];
+                if (src == NULL || src->buffer == NULL || ggml_backend_buffer_is_host(src->buffer) ||
+                        ggml_backend_buffer_get_usage(src->buffer) != GGML_BACKEND_BUFFER_USAGE_WEIGHTS) {
+                    continue;
+                }
+                dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(src->buffer));
+                if (dev != NULL && !ggml_backend_dev_supports_op(dev, t)) {
+                    kind = 0;
+                }
+            }
+        }
+        if (kind >= 0) {
+            if (n < cap) {
+                out[n].node = i;
+                out[n].kind = kind;
+                out[n].dev = dev;
+            }
+            n++;
+        }
+    }
+    return n;
+}

@@ -144,7 +144,13 @@ def test_graph_reused_across_decode_steps(model_dir):
 
 
 def test_step_fast_path_equals_eval(model_dir):
-    """Engine.step (one token, no per-call allocation) gives eval's logits."""
+    """Engine.step (one token, no per-call allocation) gives eval's logits.
+
+    Against a one-token eval at the same position (same batch shape, same kernels) the
+    fast path must be bit-identical. Against the two-token eval ``ref`` the shapes differ,
+    and ggml picks other kernels per batch shape and ISA (AVX2 agrees to ~1e-7, AVX-512
+    measured 5.3e-6), so the bound is what llama.cpp itself shows between the same two
+    shapes on this host and fixture, measured here through the oracle (never below 1e-6)."""
     path = make(model_dir, "dense")
     with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, load_tokenizer=False) as e:
         e.eval(PROMPT, 0)
@@ -152,5 +158,18 @@ def test_step_fast_path_equals_eval(model_dir):
         ref = e.eval([17, 18], 0)
         a = e.step(1, 17).copy()
         b = e.step(1, 18).copy()
-        assert rel_err(a, ref[0]) <= 1e-6 and rel_err(b, ref[1]) <= 1e-6
         assert e.seq_len(1) == len(PROMPT) + 2
+        e.clear(0)
+        e.eval(PROMPT, 0)
+        one_a = e.eval([17], 0)[0]
+        one_b = e.eval([18], 0)[0]
+    assert np.array_equal(a, one_a) and np.array_equal(b, one_b)
+    with OracleModel(path) as om, om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
+        oc.eval(PROMPT)
+        two = oc.eval([17, 18])
+    with OracleModel(path) as om, om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
+        oc.eval(PROMPT)
+        singles = np.concatenate([oc.eval([17]), oc.eval([18])])
+    ggml_noise = rel_err(two, singles)
+    bound = max(ggml_noise * 1.01, 1e-6)
+    assert rel_err(a, ref[0]) <= bound and rel_err(b, ref[1]) <= bound, ggml_noise

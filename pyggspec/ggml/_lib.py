@@ -98,6 +98,10 @@ def native() -> ModuleType:
         spec.loader.exec_module(mod)
         # ggml logs at WARN and above go to stderr; everything is counted.
         mod.lib.pyggspec_log_set_min_level(3)
+        # known-broken devices get their ggml switches before any of them initialises
+        from pyggspec.ggml import quirks
+
+        quirks.apply(mod.lib, mod.ffi)
         _module = mod
         # plain module attributes from now on: no __getattr__ call on the hot path
         globals()["ffi"] = mod.ffi

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from typing_extensions import Self
 
 from pyggspec.errors import DeviceError
-from pyggspec.ggml import _lib
+from pyggspec.ggml import _lib, quirks
 
 _TYPE_NAMES = {0: "cpu", 1: "gpu", 2: "igpu", 3: "accel", 4: "meta"}
 
@@ -111,6 +111,7 @@ class Device:
     def open(self, n_threads: int | None = None) -> Backend:
         if not self.reachable():
             raise DeviceError(self.name, f"RPC server {self.description} is not reachable")
+        quirks.report_once(self.name)
         ptr = _lib.lib.ggml_backend_dev_init(self.ptr, _lib.ffi.NULL)
         if ptr == _lib.ffi.NULL:
             raise DeviceError(self.name, "could not initialise a backend on this device")

@@ -7,9 +7,11 @@ which splits a graph over devices and copies tensors between them.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from pyggspec.errors import DeviceError
@@ -18,12 +20,31 @@ from pyggspec.ggml.context import Context, GraphError
 from pyggspec.ggml.device import Backend
 from pyggspec.ggml.tensor import Tensor
 
+log = logging.getLogger("pyggspec.devices")
+_PROBE_CAP = 64
+_reported: set[tuple[str, str]] = set()  # (device, op) fallbacks logged in this process
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A node that a device holding its weights cannot run, run on another device."""
+
+    device: str
+    op: str
+    node: str
+    shape: tuple[int, ...]
+
+    def line(self) -> str:
+        return (f"{self.device} lacks {self.op} for {self.node} {list(self.shape)}: "
+                "running it on the CPU (its weights are copied each step)")
+
 
 class Graph:
     """A forward graph over the tensors reachable from ``outputs``."""
 
     def __init__(self, ctx: Context, outputs: Iterable[Tensor], size: int) -> None:
         self.ctx = ctx
+        self.probed = False  # op support checked against the devices (Scheduler._probe)
         ptr = _lib.lib.ggml_new_graph_custom(ctx.ptr, size, False)
         if ptr == _lib.ffi.NULL:
             raise GraphError("could not create graph (context too small)")
@@ -67,6 +88,8 @@ class Scheduler:
         self.op_offload = op_offload
         self._allocated: Graph | None = None
         self._children: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+        # (device, op) -> first node seen; shared with spawned schedulers
+        self.fallbacks: dict[tuple[str, str], Fallback] = {}
         self._finalizer = weakref.finalize(self, lib.ggml_backend_sched_free, ptr)
 
     def close(self) -> None:
@@ -79,12 +102,40 @@ class Scheduler:
         """A scheduler over the same backends with buffers of its own (for a graph that
         must stay allocated), counted in :meth:`spawned_buffer_sizes`."""
         child = Scheduler(self.backends, self.graph_size, self.op_offload)
+        child.fallbacks = self.fallbacks
         self._children.add(child)
         return child
+
+    def _probe(self, graph: Graph) -> None:
+        """Check every node against the devices that hold its data, once per graph and
+        before ggml splits it. A node whose weights sit on a device lacking the op is run
+        on the CPU by ggml's scheduler: recorded in :attr:`fallbacks` and logged once per
+        (device, op). A node writing into memory of such a device (a cache or state view)
+        would make ggml abort: that is a :class:`DeviceError` naming the op instead."""
+        if graph.probed or not self.multi_backend:
+            graph.probed = True
+            return
+        ffi, lib = _lib.ffi, _lib.lib
+        hits = ffi.new("struct pyggspec_probe_hit[]", _PROBE_CAP)
+        n = lib.pyggspec_graph_probe(graph.ptr, hits, _PROBE_CAP)
+        for h in hits[0:min(n, _PROBE_CAP)]:
+            node = Tensor(lib.ggml_graph_node(graph.ptr, h.node), graph.ctx)
+            dev = ffi.string(lib.ggml_backend_dev_name(h.dev)).decode()
+            if h.kind == 1:
+                raise DeviceError(dev, f"cannot run {node.op} on {node.name} {list(node.shape)}, "
+                                  "which writes into this device's memory (ggml would abort); "
+                                  "keep that layer on the CPU (-ngl / -ot)")
+            fb = Fallback(dev, node.op, node.name, node.shape)
+            self.fallbacks.setdefault((dev, node.op), fb)
+            if (dev, node.op) not in _reported:
+                _reported.add((dev, node.op))
+                log.warning("%s", fb.line())
+        graph.probed = True
 
     def reserve(self, graph: Graph) -> None:
         """Grow the compute buffers to what ``graph`` needs (they never shrink): after
         reserving every worst-case graph, no later graph reallocates them."""
+        self._probe(graph)
         self._allocated = None
         if not _lib.lib.ggml_backend_sched_reserve(self.ptr, graph.ptr):
             raise DeviceError(None, "could not reserve compute buffers")
@@ -94,6 +145,7 @@ class Scheduler:
         lays it out, without allocating anything. Frees whatever this scheduler had
         reserved, so it is for sizing before :meth:`reserve`, not on a running scheduler."""
         ffi, lib = _lib.ffi, _lib.lib
+        self._probe(graph)
         self._allocated = None
         sizes = ffi.new("size_t[]", len(self.backends))
         lib.ggml_backend_sched_reserve_size(self.ptr, graph.ptr, sizes)
@@ -114,6 +166,8 @@ class Scheduler:
         """Split and allocate ``graph`` unless it is the one already allocated."""
         if self._allocated is graph:
             return
+        if not graph.probed:
+            self._probe(graph)
         lib = _lib.lib
         lib.ggml_backend_sched_reset(self.ptr)
         self._allocated = None  # even if the allocation below fails
