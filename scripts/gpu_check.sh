@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2329  # the build functions run through timed()
 # gpu_check.sh: one command for a session that is lent an NVIDIA GPU through the workplace's
 # device tool (and, with --backend vulkan, the same run on a local Vulkan device).
 #
@@ -126,6 +127,8 @@ if [ "$BACKEND" = vulkan ]; then
 fi
 JOBS=${JOBS:-$(nproc)}
 PY=${PYTHON:-python3}
+# CMake's own variable: Ninja where it is installed (the device image has it)
+if [ -z "${CMAKE_GENERATOR:-}" ] && command -v ninja >/dev/null; then export CMAKE_GENERATOR=Ninja; fi
 mkdir -p "$STATE" "$RESULTS"
 
 # ---------------------------------------------------------------------------------------
@@ -211,7 +214,7 @@ report_sizes() {
             | awk '{s+=$1} END {print s+0}')
   total_mib=$(( (carry_b + tree_b) / 1048576 ))
   say "carried folder $CARRY: $(( carry_b / 1048576 )) MiB ($(du -sh "$CARRY" | cut -f1)); working tree: $(( tree_b / 1024 )) KiB; together ${total_mib} MiB of the 64 MiB a device call carries"
-  ls -l "$CARRY" "$CARRY/whl" | sed 's/^/  /'
+  find "$CARRY" -type f -printf '  %10s  %p\n' | sort -k2
   if [ "$total_mib" -gt "$CARRY_LIMIT_MIB" ]; then
     echo "gpu_check.sh: $CARRY plus the working tree is ${total_mib} MiB, over ${CARRY_LIMIT_MIB} MiB" >&2
     exit 1
@@ -254,6 +257,11 @@ python_env() {
     export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
   fi
   export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+  # the benchmark models: on the device inside the repo's .gpu (its disk holds the builds);
+  # here the shared ~/.cache/pyggspec/bench the other benchmarks use
+  if [ "$BACKEND" = cuda ] && [ -z "${XDG_CACHE_HOME:-}" ]; then
+    export XDG_CACHE_HOME="$ROOT/$GPU/cache"
+  fi
   if [ "$BACKEND" = cuda ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
@@ -285,7 +293,7 @@ build_lcp_cuda() {
   # installed into .gpu/build/site; its build folder is kept so an interrupted build resumes
   local args="-DGGML_RPC=on -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH ${CMAKE_ARGS:-}"
   say "llama-cpp-python CMAKE_ARGS: $args"
-  CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS CMAKE_GENERATOR=Ninja \
+  CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
     "$PY" -m pip install -v --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade \
     --target "$SITE" --config-settings=build-dir="$ROOT/$BUILD/lcp-cuda" "$LCP_SRC"
 }
@@ -311,7 +319,7 @@ build_old_server() {
   ggml_dir="$site/lib/cmake/ggml"
   [ -f "$ggml_dir/ggml-config.cmake" ] || die "$ggml_dir/ggml-config.cmake missing (llama_cpp at $site)"
   PYGGSPEC_LLAMACPP_SRC="$LCP_SRC/vendor/llama.cpp" PYGGSPEC_LLAMACPP_BUILD="$OLD_TOOLS" \
-  PYGGSPEC_BUILD_JOBS=$JOBS CMAKE_GENERATOR=Ninja \
+  PYGGSPEC_BUILD_JOBS=$JOBS \
   CMAKE_ARGS="-DLLAMA_USE_SYSTEM_GGML=ON -Dggml_DIR=$ggml_dir -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF" \
     "${NICE[@]}" scripts/build_llamacpp_tools.sh llama-server
 }
@@ -324,7 +332,7 @@ build_new_server() {
     args+=" -DGGML_VULKAN=on $(vulkan_compat_flags)"
   fi
   PYGGSPEC_LLAMACPP_SRC="$NEW_SRC" PYGGSPEC_LLAMACPP_BUILD="$NEW_TOOLS" \
-  PYGGSPEC_BUILD_JOBS=$JOBS CMAKE_GENERATOR=Ninja CMAKE_ARGS="$args" \
+  PYGGSPEC_BUILD_JOBS=$JOBS CMAKE_ARGS="$args" \
     "${NICE[@]}" scripts/build_llamacpp_tools.sh llama-server
 }
 
@@ -339,7 +347,8 @@ build_base() {  # sources, wheels, llama-cpp-python, native binding, llama-serve
   python_env
   unpack_sources
   if ! done_ wheels; then
-    timed wheels "$RESULTS/build_wheels.log" install_wheels && stamp wheels
+    timed wheels "$RESULTS/build_wheels.log" install_wheels
+    stamp wheels
   fi
   if [ "$BACKEND" = cuda ]; then
     if ! done_ lcp; then
@@ -437,11 +446,44 @@ copy_out() {
 # ---------------------------------------------------------------------------------------
 worker_alive() { [ -f "$STATE/worker.pid" ] && kill -0 "$(cat "$STATE/worker.pid")" 2>/dev/null; }
 
+start_models() {
+  # the benchmark models are written by numpy on one core each: one process per model,
+  # alongside the builds (bench.py would write them too, later and one at a time)
+  local q=() shape agr
+  [ "$QUICK" = 1 ] && q=(--quick)
+  MODEL_PIDS=()
+  for shape in 0.8b 9b; do
+    for agr in 0.95 0.70; do
+      if [ "$QUICK" = 1 ] && { [ "$shape" != 0.8b ] || [ "$agr" != 0.95 ]; }; then continue; fi
+      nice -n 5 "$PY" scripts/gpu_check/bench.py --make-models --backend "$BACKEND" "${q[@]}" \
+        --shapes "$shape" --agreements "$agr" >>"$RESULTS/models.log" 2>&1 &
+      MODEL_PIDS+=($!)
+    done
+  done
+  say "writing the benchmark models in the background (${#MODEL_PIDS[@]} processes, log: $RESULTS/models.log)"
+}
+
+wait_models() {
+  local pid t0
+  t0=$(date +%s)
+  for pid in "${MODEL_PIDS[@]}"; do wait "$pid" || say "a model writer failed (see $RESULTS/models.log)"; done
+  echo "models (waited) $(( $(date +%s) - t0 ))s" >>"$STATE/timings.txt"
+  grep '^\[models\]' "$RESULTS/models.log" | sed 's/^/    /' || true
+}
+
 step_worker() {
-  # build_base, then b11549's build alongside the tests, then the benchmarks
+  # sources and wheels; the models written alongside llama-cpp-python's build; b11549's
+  # build alongside the tests; then the benchmarks
   local q=() rc=0
   [ "$QUICK" = 1 ] && q=(--quick)
   say "worker: backend $BACKEND, device $DEVICE, $JOBS jobs, budget $BUDGET min"
+  python_env
+  unpack_sources
+  if ! done_ wheels; then
+    timed wheels "$RESULTS/build_wheels.log" install_wheels
+    stamp wheels
+  fi
+  start_models
   build_base
   local opts=(--backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" -j "$JOBS" "${q[@]}")
   scripts/gpu_check.sh "${opts[@]}" _build_new &
@@ -449,6 +491,7 @@ step_worker() {
   step_test || true
   wait "$newpid" || rc=$?
   [ $rc -eq 0 ] || say "llama-server $NEW_TAG did not build (rc $rc): benchmarks use $LCP_VERSION only"
+  wait_models
   step_bench
   touch "$STATE/finished"
   say "worker: finished"
@@ -510,14 +553,20 @@ step_status() {
   return 0
 }
 
-case "$STEP" in
-  prepare) step_prepare ;;
-  build) step_build ;;
-  test) step_test ;;
-  bench) step_bench; copy_out ;;
-  run) step_run; copy_out ;;
-  device) step_device ;;
-  status) step_status ;;
-  _worker) step_worker ;;
-  _build_new) python_env; build_new ;;
-esac
+main() {
+  case "$STEP" in
+    prepare) step_prepare ;;
+    build) step_build ;;
+    test) step_test ;;
+    bench) step_bench; copy_out ;;
+    run) step_run; copy_out ;;
+    device) step_device ;;
+    status) step_status ;;
+    _worker) step_worker ;;
+    _build_new) python_env; build_new ;;
+  esac
+}
+
+# one line, read whole before it runs: bash reads scripts as it goes, and this file may be
+# replaced while a long step runs (a device call re-sends the working tree)
+main; exit $?

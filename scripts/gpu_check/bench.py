@@ -48,12 +48,14 @@ import benchlib
 NINE_B = {"name": "pyggspec-qwen35-9b-shape", "n_embd": 4096, "n_layer": 32, "n_head": 16,
           "n_head_kv": 4, "head_dim": 256, "n_ff": 12288, "d_state": 128, "n_group": 16,
           "dt_rank": 32}
-SHAPES = {"0.8b": "0.8B", "9b": "9B"}
+SHAPES = {"tiny": "tiny", "0.8b": "0.8B", "9b": "9B"}  # tiny: a smoke test of this script
 
 
 def model_spec(shape: str, agreement: float):
-    from pyggspec.testing import qwen35_0_8b
+    from pyggspec.testing import qwen35_0_8b, tiny_dense
 
+    if shape == "tiny":
+        return tiny_dense(dtype="q8_0", agreement=agreement)
     extra = NINE_B if shape == "9b" else {}
     return qwen35_0_8b(dtype="q8_0", agreement=agreement, **extra)
 
@@ -98,8 +100,8 @@ class Runner:
         self.skipped: list[str] = []
         self.errors: list[str] = []
         self.items_done: list[dict] = []
-        guess = ({"0.8b": 8.0, "9b": 20.0} if args.backend == "cuda"
-                 else {"0.8b": 60.0, "9b": 600.0})
+        guess = ({"0.8b": 8.0, "9b": 20.0, "tiny": 3.0} if args.backend == "cuda"
+                 else {"0.8b": 60.0, "9b": 600.0, "tiny": 10.0})
         self.budget = Budget(args.deadline, guess)
 
     # --- one run ---------------------------------------------------------------------
@@ -404,7 +406,8 @@ class Runner:
         head = ["bench", "model", "setting", "pyggspec t/s"]
         head += [f"llama {b} t/s" for b in labels]
         head += [f"ours / {b}" for b in labels]
-        head += ["x spec/plain (ours; llama)", "accept (ours; llama)", "notes"]
+        who = "; ".join(["ours", *labels])
+        head += [f"x spec/plain ({who})", f"accept ({who})", "notes"]
         out = [f"# gpu_check: pyggspec vs llama-server, {m['backend']} {m['device']}"
                + (" (quick)" if m["quick"] else ""), "",
                f"- device: {m.get('gpu', '?')}; host {m['host']}; {m['date']}",
@@ -422,7 +425,7 @@ class Runner:
         def f(v, fmt):
             return fmt % v if isinstance(v, (int, float)) else "-"
 
-        for r in self.rows:
+        for r in self.sorted_rows():
             cells = [r["bench"], r["model"], r["setting"], f(r["tps"].get("pyggspec"), "%.2f")]
             cells += [f(r["tps"].get(b), "%.2f") for b in labels]
             cells += [f(r["ratio"].get(b), "%.3f") for b in labels]
@@ -446,6 +449,18 @@ class Runner:
                      "(paired median). x: speculative over plain of the same engine. One fresh "
                      "process per run, one engine at a time.")]
         return "\n".join(out) + "\n"
+
+    def sorted_rows(self) -> list[dict]:
+        """By benchmark, then model (shape, agreement high to low), then as measured."""
+        benches = ["decode", "mtp", "sampled", "serve"]
+        shapes = list(SHAPES.values())
+
+        def key(ir):
+            i, r = ir
+            shape, agr = r["model"].split()[:2]
+            return (benches.index(r["bench"]), shapes.index(shape), -float(agr[1:]), i)
+
+        return [r for _, r in sorted(enumerate(self.rows), key=key)]
 
     def write(self) -> None:
         res = Path(self.args.results)
