@@ -290,8 +290,11 @@ install_wheels() {
 
 build_lcp_cuda() {
   # llama-cpp-python from the trimmed sdist, the CUDA + RPC backends (as install.sh adds RPC),
-  # installed into .gpu/build/site; its build folder is kept so an interrupted build resumes
-  local args="-DGGML_RPC=on -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH ${CMAKE_ARGS:-}"
+  # installed into .gpu/build/site; its build folder is kept so an interrupted build resumes.
+  # The CPU backend with this CPU's ISA and AMX off, as build_llamacpp_tools.sh does (a VM
+  # may report AMX without granting it: ggml's AMX repacking then crashes)
+  local args
+  args="-DGGML_RPC=on -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH $(scripts/build_llamacpp_tools.sh --print-isa-flags) ${CMAKE_ARGS:-}"
   say "llama-cpp-python CMAKE_ARGS: $args"
   CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
     "$PY" -m pip install -v --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade \
