@@ -52,6 +52,8 @@ Options
                           built by `CMAKE_ARGS=-DGGML_VULKAN=on ./install.sh`.
   --device NAME           ggml device for pyggspec and the tests (default CUDA0 / Vulkan0)
   --quick                 small run: 0.8B-shaped model only, fewer tokens, 1 repetition
+  --shapes "S ..."        model shapes for the benchmarks: 0.8b 9b (default both; --quick:
+                          0.8b), or tiny (a smoke test of the script itself)
   --budget MIN            minutes the whole device run may take from the first `device` call
                           (default 25); benchmarks that would not fit are skipped and listed
   --follow SEC            how long one `device` call follows the worker (default 540)
@@ -88,6 +90,7 @@ say() { printf '[gpu_check %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 BACKEND=cuda
 DEVICE=""
 QUICK=0
+SHAPES=""
 BUDGET=25
 FOLLOW=540
 CUDA_ARCH=90
@@ -101,6 +104,7 @@ while [ $# -gt 0 ]; do
     --backend=*) BACKEND=${1#*=}; shift ;;
     --device) [ $# -ge 2 ] || die "--device needs a name"; DEVICE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
+    --shapes) [ $# -ge 2 ] || die "--shapes needs a list (0.8b 9b tiny)"; SHAPES=$2; shift 2 ;;
     --budget) [ $# -ge 2 ] || die "--budget needs minutes"; BUDGET=$2; shift 2 ;;
     --follow) [ $# -ge 2 ] || die "--follow needs seconds"; FOLLOW=$2; shift 2 ;;
     --cuda-arch) [ $# -ge 2 ] || die "--cuda-arch needs a list"; CUDA_ARCH=$2; shift 2 ;;
@@ -114,6 +118,9 @@ done
 [ -n "$STEP" ] || die "no step given: prepare, build, test, bench, run, device or status (see --help)"
 case "$BACKEND" in cuda|vulkan) ;; *) die "--backend must be cuda or vulkan, not '$BACKEND'" ;; esac
 [[ "$BUDGET" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--budget must be minutes, not '$BUDGET'"
+for s_ in $SHAPES; do
+  case "$s_" in 0.8b|9b|tiny) ;; *) die "--shapes: unknown shape '$s_' (0.8b, 9b, tiny)" ;; esac
+done
 [[ "$FOLLOW" =~ ^[0-9]+$ ]] || die "--follow must be seconds, not '$FOLLOW'"
 [ -z "$JOBS" ] || [[ "$JOBS" =~ ^[0-9]+$ ]] || die "--jobs must be a number, not '$JOBS'"
 if [ -z "$DEVICE" ]; then
@@ -392,7 +399,7 @@ step_test() {
   t0=$(date +%s)
   say "device tests: pytest -m device on $DEVICE"
   PYGGSPEC_TEST_DEVICE=$DEVICE PYGGSPEC_REQUIRE_DEVICE=1 \
-    timeout 900 "${NICE[@]}" "$PY" -m pytest -m device -p no:cacheprovider -q -rfE tests \
+    timeout 900 "${NICE[@]}" "$PY" -m pytest -m device -p no:cacheprovider -v -rfE --tb=short tests \
     >"$RESULTS/tests.log" 2>&1 || rc=$?
   tail -n 15 "$RESULTS/tests.log" | sed 's/^/    /'
   echo "tests $(( $(date +%s) - t0 ))s rc=$rc" >>"$STATE/timings.txt"
@@ -413,6 +420,8 @@ step_bench() {
     deadline=$(awk -v t0="$(date +%s)" -v b="$BUDGET" 'BEGIN {printf "%d", t0 + b * 60}')
   fi
   [ "$QUICK" = 1 ] && q=(--quick)
+  # shellcheck disable=SC2206  # a list of words on purpose
+  [ -n "$SHAPES" ] && q+=(--shapes $SHAPES)
   t0=$(date +%s)
   local builds=()
   [ -x "$OLD_TOOLS/bin/llama-server" ] && builds+=(--llama "$LCP_VERSION=$OLD_TOOLS")
@@ -454,10 +463,12 @@ start_models() {
   # alongside the builds (bench.py would write them too, later and one at a time)
   local q=() shape agr
   [ "$QUICK" = 1 ] && q=(--quick)
+  local shapes="${SHAPES:-0.8b 9b}"
+  [ "$QUICK" = 1 ] && shapes="${SHAPES:-0.8b}"
   MODEL_PIDS=()
-  for shape in 0.8b 9b; do
+  for shape in $shapes; do
     for agr in 0.95 0.70; do
-      if [ "$QUICK" = 1 ] && { [ "$shape" != 0.8b ] || [ "$agr" != 0.95 ]; }; then continue; fi
+      if [ "$QUICK" = 1 ] && [ "$agr" != 0.95 ]; then continue; fi
       nice -n 5 "$PY" scripts/gpu_check/bench.py --make-models --backend "$BACKEND" "${q[@]}" \
         --shapes "$shape" --agreements "$agr" >>"$RESULTS/models.log" 2>&1 &
       MODEL_PIDS+=($!)
@@ -489,6 +500,7 @@ step_worker() {
   start_models
   build_base
   local opts=(--backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" -j "$JOBS" "${q[@]}")
+  [ -n "$SHAPES" ] && opts+=(--shapes "$SHAPES")
   scripts/gpu_check.sh "${opts[@]}" _build_new &
   local newpid=$!
   step_test || true
@@ -518,6 +530,7 @@ step_device() {
     fi
     local q=()
     [ "$QUICK" = 1 ] && q=(--quick)
+    [ -n "$SHAPES" ] && q+=(--shapes "$SHAPES")
     setsid nohup scripts/gpu_check.sh --backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" \
       --cuda-arch "$CUDA_ARCH" -j "$JOBS" "${q[@]}" _worker >>"$STATE/worker.log" 2>&1 </dev/null &
     echo $! >"$STATE/worker.pid"

@@ -71,6 +71,27 @@ def model_label(shape: str, agreement: float) -> str:
     return f"{SHAPES[shape]} a{agreement:.2f} Q8_0"
 
 
+def one_line(e: BaseException) -> str:
+    """The line of a failure worth a table note: ggml's abort message or a child's Python
+    exception (its stderr holds it among log lines and backtraces), else the last line."""
+    import re
+
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for pat in (r"\.(c|cc|cpp|cu|h):\d+: ", r"GGML_ASSERT|GGML_ABORT",
+                r"^[\w.]*(Error|Exception|Exit)\b"):
+        for ln in reversed(lines):
+            if re.search(pat, ln):
+                return ln[:300]
+    m = re.match(r"child failed \((-\d+)\)", lines[0]) if lines else None
+    if m:  # benchlib.run_child: killed by a signal, no message of its own
+        import signal
+
+        sig = -int(m.group(1))
+        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig
+        return f"child crashed ({name}); its last line: {lines[-1]}"[:300]
+    return (lines[-1] if lines else type(e).__name__)[:300]
+
+
 class Budget:
     """Seconds per run, measured per model shape; items that would pass the deadline skip."""
 
@@ -99,6 +120,7 @@ class Runner:
         self.runs: list[dict] = []  # every run, for the JSON
         self.skipped: list[str] = []
         self.errors: list[str] = []
+        self.error_text: list[dict] = []  # the whole message (child stderr tail), for the JSON
         self.items_done: list[dict] = []
         guess = ({"0.8b": 8.0, "9b": 20.0, "tiny": 3.0} if args.backend == "cuda"
                  else {"0.8b": 60.0, "9b": 600.0, "tiny": 10.0})
@@ -116,8 +138,9 @@ class Runner:
         except BaseException as e:  # SystemExit from bench_serve too
             if isinstance(e, KeyboardInterrupt):
                 raise
-            msg = " ".join(str(e).split())[-300:] or type(e).__name__
+            msg = one_line(e)
             self.errors.append(f"{what}: {msg}")
+            self.error_text.append({"what": what, "error": str(e)[-3000:]})
             print(f"  {what}: FAILED: {msg}", file=sys.stderr, flush=True)
             if os.environ.get("GPU_CHECK_TRACEBACK"):
                 traceback.print_exc()
@@ -468,7 +491,8 @@ class Runner:
         (res / "gpu_check.md").write_text(self.markdown())
         (res / "gpu_check.json").write_text(json.dumps(
             {"meta": self.meta(), "rows": self.rows, "runs": self.runs,
-             "items": self.items_done, "skipped": self.skipped, "errors": self.errors},
+             "items": self.items_done, "skipped": self.skipped, "errors": self.errors,
+             "error_text": self.error_text},
             indent=1, default=str))
 
 
