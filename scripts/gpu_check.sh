@@ -57,6 +57,7 @@ Options
   --budget MIN            minutes the whole device run may take from the first `device` call
                           (default 25); benchmarks that would not fit are skipped and listed
   --follow SEC            how long one `device` call follows the worker (default 540)
+  --test-timeout SEC      the device tests' time limit (default 480; vulkan: 1800)
   --cuda-arch LIST        CMAKE_CUDA_ARCHITECTURES (default 90)
   -j, --jobs N            build jobs (default: all cores; vulkan: 2, and builds run niced)
   --out DIR               where the table and JSON are copied (default: $OUT, else .gpu/results)
@@ -93,6 +94,7 @@ QUICK=0
 SHAPES=""
 BUDGET=25
 FOLLOW=540
+TEST_TIMEOUT=""
 CUDA_ARCH=90
 JOBS=""
 OUTDIR="${OUT:-}"
@@ -107,6 +109,7 @@ while [ $# -gt 0 ]; do
     --shapes) [ $# -ge 2 ] || die "--shapes needs a list (0.8b 9b tiny)"; SHAPES=$2; shift 2 ;;
     --budget) [ $# -ge 2 ] || die "--budget needs minutes"; BUDGET=$2; shift 2 ;;
     --follow) [ $# -ge 2 ] || die "--follow needs seconds"; FOLLOW=$2; shift 2 ;;
+    --test-timeout) [ $# -ge 2 ] || die "--test-timeout needs seconds"; TEST_TIMEOUT=$2; shift 2 ;;
     --cuda-arch) [ $# -ge 2 ] || die "--cuda-arch needs a list"; CUDA_ARCH=$2; shift 2 ;;
     -j|--jobs) [ $# -ge 2 ] || die "--jobs needs a number"; JOBS=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || die "--out needs a folder"; OUTDIR=$2; shift 2 ;;
@@ -122,6 +125,7 @@ for s_ in $SHAPES; do
   case "$s_" in 0.8b|9b|tiny) ;; *) die "--shapes: unknown shape '$s_' (0.8b, 9b, tiny)" ;; esac
 done
 [[ "$FOLLOW" =~ ^[0-9]+$ ]] || die "--follow must be seconds, not '$FOLLOW'"
+[ -z "$TEST_TIMEOUT" ] || [[ "$TEST_TIMEOUT" =~ ^[0-9]+$ ]] || die "--test-timeout must be seconds, not '$TEST_TIMEOUT'"
 [ -z "$JOBS" ] || [[ "$JOBS" =~ ^[0-9]+$ ]] || die "--jobs must be a number, not '$JOBS'"
 if [ -z "$DEVICE" ]; then
   if [ "$BACKEND" = cuda ]; then DEVICE=CUDA0; else DEVICE=Vulkan0; fi
@@ -130,9 +134,11 @@ NICE=()
 if [ "$BACKEND" = vulkan ]; then
   NICE=(nice -n 19)   # the local check shares a small VM: builds and benchmarks yield
   JOBS=${JOBS:-2}
+  TEST_TIMEOUT=${TEST_TIMEOUT:-1800}
   export GGML_VK_VISIBLE_DEVICES="${GGML_VK_VISIBLE_DEVICES:-0}"
 fi
 JOBS=${JOBS:-$(nproc)}
+TEST_TIMEOUT=${TEST_TIMEOUT:-480}
 PY=${PYTHON:-python3}
 # CMake's own variable: Ninja where it is installed (the device image has it)
 if [ -z "${CMAKE_GENERATOR:-}" ] && command -v ninja >/dev/null; then export CMAKE_GENERATOR=Ninja; fi
@@ -399,7 +405,7 @@ step_test() {
   t0=$(date +%s)
   say "device tests: pytest -m device on $DEVICE"
   PYGGSPEC_TEST_DEVICE=$DEVICE PYGGSPEC_REQUIRE_DEVICE=1 \
-    timeout 900 "${NICE[@]}" "$PY" -m pytest -m device -p no:cacheprovider -v -rfE --tb=short tests \
+    timeout "$TEST_TIMEOUT" "${NICE[@]}" "$PY" -m pytest -m device -p no:cacheprovider -v -rfE --tb=short tests \
     >"$RESULTS/tests.log" 2>&1 || rc=$?
   tail -n 15 "$RESULTS/tests.log" | sed 's/^/    /'
   echo "tests $(( $(date +%s) - t0 ))s rc=$rc" >>"$STATE/timings.txt"
@@ -414,7 +420,7 @@ step_test() {
 step_bench() {
   python_env
   local deadline=0 t0 q=()
-  if [ -f "$STATE/t0" ]; then
+  if [ "${GPU_CHECK_WORKER:-}" = 1 ] && [ -f "$STATE/t0" ]; then  # the budget counts from the first call
     deadline=$(awk -v t0="$(cat "$STATE/t0")" -v b="$BUDGET" 'BEGIN {printf "%d", t0 + b * 60}')
   else
     deadline=$(awk -v t0="$(date +%s)" -v b="$BUDGET" 'BEGIN {printf "%d", t0 + b * 60}')
@@ -491,6 +497,7 @@ step_worker() {
   local q=() rc=0
   [ "$QUICK" = 1 ] && q=(--quick)
   say "worker: backend $BACKEND, device $DEVICE, $JOBS jobs, budget $BUDGET min"
+  export GPU_CHECK_WORKER=1
   python_env
   unpack_sources
   if ! done_ wheels; then
@@ -499,7 +506,7 @@ step_worker() {
   fi
   start_models
   build_base
-  local opts=(--backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" -j "$JOBS" "${q[@]}")
+  local opts=(--backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" -j "$JOBS" --cuda-arch "$CUDA_ARCH" "${q[@]}")
   [ -n "$SHAPES" ] && opts+=(--shapes "$SHAPES")
   scripts/gpu_check.sh "${opts[@]}" _build_new &
   local newpid=$!
@@ -513,7 +520,6 @@ step_worker() {
 }
 
 step_device() {
-  ensure_excluded
   local t_call
   t_call=$(date +%s)
   if [ -f "$STATE/finished" ]; then
@@ -532,7 +538,7 @@ step_device() {
     [ "$QUICK" = 1 ] && q=(--quick)
     [ -n "$SHAPES" ] && q+=(--shapes "$SHAPES")
     setsid nohup scripts/gpu_check.sh --backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" \
-      --cuda-arch "$CUDA_ARCH" -j "$JOBS" "${q[@]}" _worker >>"$STATE/worker.log" 2>&1 </dev/null &
+      --cuda-arch "$CUDA_ARCH" -j "$JOBS" --test-timeout "$TEST_TIMEOUT" "${q[@]}" _worker >>"$STATE/worker.log" 2>&1 </dev/null &
     echo $! >"$STATE/worker.pid"
   fi
   # follow the log until the worker ends or --follow seconds pass

@@ -286,24 +286,32 @@ class Runner:
                           path, 1)
         if prompt is None:
             return
+        prob = self.supports(build, "--spec-draft-sampling")  # b11549: p/q rejection drafts
         for temp in a.temps:
             got = {}
-            for name, fn, extra in (
-                    ("ours plain", bench_coupled.run_ours, (None,)),
+            runs = [("ours plain", bench_coupled.run_ours, (None,)),
                     ("ours coupled", bench_coupled.run_ours, ("coupled",)),
                     ("ours greedy", bench_coupled.run_ours, ("greedy",)),
-                    ("llama plain", bench_coupled.run_llama, (0,)),
-                    ("llama n3", bench_coupled.run_llama, (3,))):
+                    ("llama plain", self.llama_sampled, (0, ())),
+                    ("llama n3", self.llama_sampled, (3, ()))]
+            if prob:
+                runs.append(("llama n3 prob", self.llama_sampled,
+                             (3, ("--spec-draft-sampling", "probabilistic"))))
+            for name, fn, extra in runs:
                 r = self.run(shape, f"sampled {shape} temp {temp} {name}", fn, path, ns, temp,
                              prompt, 1, *extra, build=build if name.startswith("llama") else None)
                 if r:
                     got[name] = r
-            for setting, ours_key, llama_key in (
-                    (f"temp {temp}, plain", "ours plain", "llama plain"),
+            rows = [(f"temp {temp}, plain", "ours plain", "llama plain"),
                     (f"temp {temp}, draft-mtp n_max 3 (ours: coupled drafts)", "ours coupled",
                      "llama n3"),
                     (f"temp {temp}, draft-mtp n_max 3 (ours: greedy drafts)", "ours greedy",
-                     "llama n3")):
+                     "llama n3")]
+            if prob:
+                prob_setting = (f"temp {temp}, draft-mtp n_max 3 (ours: coupled; llama: "
+                                "--spec-draft-sampling probabilistic)")
+                rows.append((prob_setting, "ours coupled", "llama n3 prob"))
+            for setting, ours_key, llama_key in rows:
                 row = self.row("sampled", model, setting)
                 for who, key, plain_key in (("pyggspec", ours_key, "ours plain"),
                                             (build, llama_key, "llama plain")):
@@ -320,6 +328,32 @@ class Runner:
                     row["notes"].append("pyggspec output " + ("= plain (seeded)" if same
                                                               else "DIFFERS from plain"))
                 self.add_row(row)
+
+    @staticmethod
+    def llama_sampled(path: Path, ns: SimpleNamespace, temp: float, prompt: list[int],
+                      seed: int, n_max: int, extra: tuple[str, ...]) -> dict:
+        """bench_coupled.run_llama with extra llama-server flags."""
+        flags = ["-t", str(ns.threads), "-c", str(ns.ctx), "-np", "1"]
+        if n_max:
+            flags += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max), *extra]
+        with benchlib.LlamaServer(path, flags) as srv:
+            srv.complete(prompt[:8], 4)  # warm-up, as our engine warms its graphs
+            r = srv.complete(prompt, ns.n, **bench_coupled.sampling_kw(ns, temp, seed))
+        t = r["timings"]
+        out = {"tokens": r.get("tokens", []), "tps": t["predicted_per_second"]}
+        if n_max and t.get("draft_n"):
+            out["accept"] = t.get("draft_n_accepted", 0) / t["draft_n"]
+        return out
+
+    def supports(self, build: str, flag: str) -> bool:
+        """Whether that llama-server's --help names the flag."""
+        exe = dict(self.builds)[build] / "bin" / "llama-server"
+        try:
+            r = subprocess.run([str(exe), "--help"], capture_output=True, text=True,
+                               timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return flag in r.stdout + r.stderr
 
     def serve(self, shape: str, build: str) -> None:
         """bench_serve: each server with -np P, loaded with 1..P concurrent streamed clients
@@ -565,7 +599,7 @@ def main() -> int:
         plan.append((f"mtp greedy {shape} a{a.agreements[0]}", shape, n_mtp + n_mtp + 1,
                      lambda s=shape: r.mtp(s, a.agreements[0], [ref])))
     plan.append((f"sampled {a.shapes[0]} a{a.agreements[0]}", a.shapes[0],
-                 1 + 5 * len(a.temps), lambda: r.sampled(a.shapes[0], a.agreements[0], ref)))
+                 1 + 6 * len(a.temps), lambda: r.sampled(a.shapes[0], a.agreements[0], ref)))
     plan.append((f"serve {a.shapes[0]}", a.shapes[0], 4 * (1 + len(a.clients)),
                  lambda: r.serve(a.shapes[0], ref)))
     for shape in a.shapes:
@@ -578,7 +612,7 @@ def main() -> int:
                 plan.append((f"mtp greedy {shape} a{agr} llama {label}", shape, n_mtp + 1,
                              lambda s=shape, g=agr, b=label: r.mtp(s, g, [b], ours=False)))
     for shape in a.shapes[1:]:
-        plan.append((f"sampled {shape} a{a.agreements[0]}", shape, 1 + 5 * len(a.temps),
+        plan.append((f"sampled {shape} a{a.agreements[0]}", shape, 1 + 6 * len(a.temps),
                      lambda s=shape: r.sampled(s, a.agreements[0], ref)))
         plan.append((f"serve {shape}", shape, 4 * (1 + len(a.clients)),
                      lambda s=shape: r.serve(s, ref)))
