@@ -33,7 +33,7 @@ Steps
   prepare   HERE, with network: download llama-cpp-python 0.3.36 and xllamacpp 2026.10.11549
             (llama.cpp b11549) sdists, trim them to what a GPU build needs, fetch the cp312
             manylinux wheels pyggspec needs that the device image lacks. Output: .gpu/carry
-            (about 20 MiB; it prints the size). Run once per session before the device calls.
+            (about 15 MiB; it prints the size). Run once per session before the device calls.
   build     llama-cpp-python with the backend (cuda: from .gpu/carry into .gpu/build/site;
             vulkan: reuses the installed llama_cpp), the native binding, llama-server 0.3.36
             (linked to that same ggml) and llama-server b11549. Each part is skipped when done.
@@ -64,19 +64,23 @@ Options
   -h, --help              this text
 
 The device calls (the lead session makes them; the device tool is no shell command)
-  0. Here: scripts/gpu_check.sh prepare        (needs network; checks the carry size)
-  1. device.run  kind: nvidia-h100-x1 (or none), timeout_s: 600,
+  0. Here: scripts/gpu_check.sh prepare     (network; ~15 MiB in .gpu/carry; checks the size)
+  1. device.run  kind: "nvidia-h100-x1" (or leave it out), timeout_s: 600,
                  carry: [".gpu/carry"],
                  command: "scripts/gpu_check.sh device --budget 25"
-  2. The same call again, within 30 s of the last reply (a machine left idle for 30 s is
-     given back and its builds are lost), until the reply says "gpu_check: FINISHED".
-     Expected: 3 calls (start ~1-2 min, builds ~10 min, tests, benchmarks ~10 min).
-     Each reply brings back .gpu/results: gpu_check.md (the table), gpu_check.json, and logs.
+  2. The very same call again, at once (a machine idle for 30 s is given back and its builds
+     are lost), until a reply ends with "gpu_check: FINISHED". Expected: 3 calls, ~27 min of
+     device time with the machine's start: builds ~10 min (the models are written meanwhile),
+     device tests alongside the b11549 build, then benchmarks until --budget minutes after
+     the first call (items that would not fit are skipped and listed in the table).
+     Each reply returns $OUT: gpu_check.md (the table), gpu_check.json (every run),
+     tests.log, worker.log, timings.txt, build_logs_tail.txt.
   3. give_back at once after the FINISHED reply (idle time counts against the budget).
-  If a reply says the machine was fresh ("starting on a fresh machine") after a FINISHED-less
-  reply, the last machine was lost: calls continue from scratch on the same budget clock.
-  Manual alternative (no detached worker; each call under 10 minutes, machine kept warm):
-     "scripts/gpu_check.sh build"  then  "scripts/gpu_check.sh run --budget 12", same carry.
+  A reply that says "starting on a fresh machine" on a later call means the last machine was
+  lost: everything starts again, with a new budget clock; lower --budget by the minutes spent.
+  Manual alternative (no detached worker, same carry): "scripts/gpu_check.sh build" (repeat
+  it if a call ends at its 10 minutes: the builds resume), then "scripts/gpu_check.sh run
+  --budget 9" (the benchmarks stop taking items after 9 minutes).
 
 Local Vulkan check (Mesa lavapipe on this 2-core VM): after `CMAKE_ARGS=-DGGML_VULKAN=on
 ./install.sh`:  scripts/gpu_check.sh prepare && scripts/gpu_check.sh --backend vulkan --quick

@@ -24,9 +24,11 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -71,6 +73,31 @@ def model_label(shape: str, agreement: float) -> str:
     return f"{SHAPES[shape]} a{agreement:.2f} Q8_0"
 
 
+def kill_children() -> None:
+    """SIGKILL every process below this one (servers, child engines): the watchdog of a run
+    that passed its time limit; the run then fails instead of holding the device budget."""
+    me = os.getpid()
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    todo, mine = [me], []
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        mine += kids
+        todo += kids
+    for pid in mine:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    print(f"[bench] watchdog: killed {len(mine)} processes", file=sys.stderr, flush=True)
+
+
 def one_line(e: BaseException) -> str:
     """The line of a failure worth a table note: ggml's abort message or a child's Python
     exception (its stderr holds it among log lines and backtraces), else the last line."""
@@ -84,8 +111,6 @@ def one_line(e: BaseException) -> str:
                 return ln[:300]
     m = re.match(r"child failed \((-\d+)\)", lines[0]) if lines else None
     if m:  # benchlib.run_child: killed by a signal, no message of its own
-        import signal
-
         sig = -int(m.group(1))
         name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig
         return f"child crashed ({name}); its last line: {lines[-1]}"[:300]
@@ -133,18 +158,26 @@ class Runner:
         if build is not None:
             benchlib.use_llama_build(dict(self.builds)[build])
         t0 = time.monotonic()
+        limit = max(self.args.run_limit, 8 * self.budget.per_run(shape))
+        dog = threading.Timer(limit, kill_children)  # a hung server or child ends here
+        dog.daemon = True
+        dog.start()
         try:
             r = fn(*a)
         except BaseException as e:  # SystemExit from bench_serve too
             if isinstance(e, KeyboardInterrupt):
                 raise
             msg = one_line(e)
+            if time.monotonic() - t0 >= limit:
+                msg = f"timed out after {limit:.0f}s (processes killed): {msg}"
             self.errors.append(f"{what}: {msg}")
             self.error_text.append({"what": what, "error": str(e)[-3000:]})
             print(f"  {what}: FAILED: {msg}", file=sys.stderr, flush=True)
             if os.environ.get("GPU_CHECK_TRACEBACK"):
                 traceback.print_exc()
             r = None
+        finally:
+            dog.cancel()
         dt = time.monotonic() - t0
         self.budget.record(shape, dt)
         slim = ({k: v for k, v in r.items() if k not in ("tokens", "stats")}
@@ -547,11 +580,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
     ap.add_argument("--agreements", type=float, nargs="+", default=None)
     ap.add_argument("-t", "--threads", type=int, default=None)
+    ap.add_argument("--run-limit", type=float, default=None,
+                    help="seconds one run may take before its processes are killed (default "
+                         "240 cuda, 1200 vulkan; at least 8x the measured seconds per run)")
     ap.add_argument("--make-models", action="store_true",
                     help="only write the models (gpu_check.sh does this while it builds)")
     a = ap.parse_args()
     a.device = a.device or ("CUDA0" if a.backend == "cuda" else "Vulkan0")
     a.threads = a.threads or (min(8, os.cpu_count() or 1) if a.backend == "cuda" else 2)
+    a.run_limit = a.run_limit or (240.0 if a.backend == "cuda" else 1200.0)
     builds = []
     for spec in a.llama:
         label, sep, path = spec.partition("=")
