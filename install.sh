@@ -6,8 +6,12 @@
 #
 # 1. llama-cpp-python 0.3.36 (supplies ggml's libraries and headers, the tokenizer and the
 #    test oracle) is built from source with the RPC backend plus whatever CMAKE_ARGS adds.
-#    pip's wheel cache ignores CMAKE_ARGS, so the build never uses the cache, and an
-#    installed llama_cpp that lacks RPC is rebuilt.
+#    pip's wheel cache ignores CMAKE_ARGS, so the build never uses the cache. An installed
+#    llama_cpp is rebuilt when it lacks RPC or a backend CMAKE_ARGS asks for (Vulkan, CUDA,
+#    Metal); PYGGSPEC_REBUILD=1 rebuilds it anyway (e.g. after changing other CMake flags).
+#    Vulkan: needs glslc, the Vulkan and SPIR-V headers (Debian/Ubuntu: apt-get install
+#    glslc libvulkan-dev spirv-headers, plus mesa-vulkan-drivers for the software device);
+#    headers older than 1.3.254 get native/vulkan_compat (see below).
 # 2. pyggspec itself, editable, with the test extras.
 # 3. pyggspec's cffi extension is compiled against that ggml and the devices are listed.
 set -euo pipefail
@@ -21,9 +25,9 @@ SRC="$CACHE/llama-cpp-python-$VERSION"
 say() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
 
 llama_status() {
-  # prints: missing | wrong-version | no-rpc | ok
-  "$PY" - "$VERSION" <<'PYEOF'
-import importlib.util, pathlib, sys
+  # prints: missing | wrong-version | no-rpc | no-<backend> | ok
+  "$PY" - "$VERSION" "${CMAKE_ARGS:-}" <<'PYEOF'
+import importlib.util, pathlib, re, sys
 spec = importlib.util.find_spec("llama_cpp")
 if spec is None or not spec.submodule_search_locations:
     print("missing"); sys.exit()
@@ -34,8 +38,15 @@ for line in (pkg / "__init__.py").read_text().splitlines():
         ver = line.split("=", 1)[1].strip().strip("\"'")
 if ver != sys.argv[1]:
     print("wrong-version"); sys.exit()
-libs = [p.name for p in (pkg / "lib").glob("libggml-rpc*")]
-print("ok" if libs else "no-rpc")
+def has(lib):
+    return any((pkg / "lib").glob(f"libggml-{lib}*"))
+if not has("rpc"):
+    print("no-rpc"); sys.exit()
+# a backend CMAKE_ARGS asks for (-DGGML_VULKAN=on, ...) that the installed build lacks
+for flag, lib in (("VULKAN", "vulkan"), ("CUDA", "cuda"), ("METAL", "metal")):
+    if re.search(rf"-DGGML_{flag}(:BOOL)?=(on|1|true|yes)\b", sys.argv[2], re.I) and not has(lib):
+        print(f"no-{lib}"); sys.exit()
+print("ok")
 PYEOF
 }
 
@@ -76,7 +87,7 @@ fi
 
 # --- 1. llama-cpp-python with RPC -------------------------------------------------------
 status=$(llama_status)
-if [ "$status" != "ok" ] || [ -n "${CMAKE_ARGS:-}" ] || [ -n "${PYGGSPEC_REBUILD:-}" ]; then
+if [ "$status" != "ok" ] || [ -n "${PYGGSPEC_REBUILD:-}" ]; then
   say "building llama-cpp-python $VERSION from source (status: $status; takes 5-10 minutes)"
   "$PY" -m pip uninstall --quiet -y llama-cpp-python >/dev/null 2>&1 || true
   CMAKE_ARGS="-DGGML_RPC=on ${CMAKE_ARGS:-}" "$PY" -m pip install --no-cache-dir "$SDIST"

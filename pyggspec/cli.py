@@ -631,14 +631,19 @@ def models(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
 def devices(as_json: bool) -> None:
     """List the ggml devices the installed llama-cpp-python libraries provide."""
-    try:
-        from pyggspec.ggml.device import list_devices
-    except ImportError:
-        from pyggspec.ggml.devices import list_devices  # type: ignore[no-redef]
+    from pyggspec.ggml import quirks
+    from pyggspec.ggml.device import backends_available, list_devices
+
     infos = list(list_devices())
+    notes = [line for d in infos for line in quirks.lines(d.name)]
+    if "Vulkan" in backends_available() and not any(d.backend == "Vulkan" for d in infos):
+        notes.append("Vulkan backend built, no device listed: ggml hides CPU-type Vulkan "
+                     "devices (Mesa's lavapipe); GGML_VK_VISIBLE_DEVICES=0 shows one")
     fields = ("name", "type", "backend", "memory_free", "memory_total", "description")
     if as_json:
-        click.echo(json.dumps([{f: getattr(d, f) for f in fields} for d in infos]))
+        out = [{f: getattr(d, f) for f in fields} | {"notes": quirks.lines(d.name)}
+               for d in infos]
+        click.echo(json.dumps(out))
         return
     rows = [[d.name, str(d.type), d.backend,
              f"{fmt_bytes(d.memory_free)} / {fmt_bytes(d.memory_total)}", d.description]
@@ -649,6 +654,8 @@ def devices(as_json: bool) -> None:
     click.echo("  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip())
     for r in rows:
         click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    for line in notes:
+        click.echo(f"note: {line}")
 
 
 # ---------------------------------------------------------------------------- run

@@ -654,6 +654,24 @@ class Engine:
             total += self.mtp.compute_ms_total + self.mtp.build_ms_total
         return total
 
+    def device_report(self) -> dict:
+        """What the devices could not do as asked: ops that ran on the CPU instead of the
+        device holding their weights (probed per graph before ggml splits it), and the
+        known-broken device rules in force (``pyggspec.ggml.quirks``)."""
+        from pyggspec.ggml import quirks
+
+        fbs: dict = {}
+        for s in (self.sched, self.mtp_sched):
+            if s is not None:
+                fbs.update(s.fallbacks)
+        names = sorted({b.device.name for b in self.backends})
+        return {
+            "fallbacks": [{"device": f.device, "op": f.op, "node": f.node,
+                           "shape": list(f.shape)} for f in fbs.values()],
+            "quirks": [{"device": n, "key": q.key, "line": q.line(n)}
+                       for n in names for q in quirks.applied(n)],
+        }
+
     def memory(self) -> dict:
         """Bytes per component and device, as allocated (same keys as the prediction in
         ``self.memory_plan`` and ``pyggspec inspect``)."""

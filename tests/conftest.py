@@ -234,3 +234,32 @@ def rpc_device():
         yield dev
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def accel_device():
+    """The GPU-API device (Vulkan, CUDA, Metal, ...) that tests/test_device.py runs on.
+
+    ``PYGGSPEC_TEST_DEVICE=NAME`` picks one (e.g. ``Vulkan0``, ``CUDA0``); otherwise the first
+    non-CPU, non-RPC device ggml lists. Without one the device tests skip, saying why --
+    unless ``PYGGSPEC_REQUIRE_DEVICE=1`` (CI), where that is a failure: a claimed check
+    never passes by skipping. Mesa's lavapipe is a CPU-type Vulkan device that ggml lists
+    only when ``GGML_VK_VISIBLE_DEVICES`` names it (README, "Vulkan without a GPU").
+    """
+    import os
+
+    from pyggspec.ggml.device import devices
+
+    want = os.environ.get("PYGGSPEC_TEST_DEVICE", "").strip()
+    found = [d for d in devices() if not d.is_cpu and not d.is_rpc]
+    if want:
+        found = [d for d in found if d.name.lower() == want.lower()]
+    if not found:
+        listed = ", ".join(d.name for d in devices())
+        msg = (f"no {'device ' + want if want else 'GPU-API ggml device'} (ggml lists: {listed}); "
+               "build with CMAKE_ARGS=-DGGML_VULKAN=on ./install.sh and, for lavapipe, set "
+               "GGML_VK_VISIBLE_DEVICES=0")
+        if os.environ.get("PYGGSPEC_REQUIRE_DEVICE") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return found[0]

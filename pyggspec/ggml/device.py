@@ -50,6 +50,12 @@ class Device:
         return _lib.ffi.string(_lib.lib.ggml_backend_dev_name(self.ptr)).decode()
 
     @property
+    def address(self) -> int:
+        """The ``ggml_backend_dev_t`` as an integer, for other bindings of the same ggml
+        (the llama_cpp oracle takes a device list)."""
+        return int(_lib.ffi.cast("uintptr_t", self.ptr))
+
+    @property
     def description(self) -> str:
         return _lib.ffi.string(_lib.lib.ggml_backend_dev_description(self.ptr)).decode()
 

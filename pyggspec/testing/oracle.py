@@ -44,6 +44,11 @@ def _init_once() -> None:
     global _log_cb
     if _log_cb is not None:
         return
+    # pyggspec's binding first: it sets ggml's switches for known-broken devices
+    # (pyggspec/ggml/quirks.py) before llama.cpp can initialise one
+    from pyggspec.ggml import _lib as _binding
+
+    _binding.native()
     ll = _lib()
     ll.llama_backend_init()
     if os.environ.get("PYGGSPEC_ORACLE_LOG") != "1":
@@ -85,13 +90,21 @@ class OracleModel:
 
     def __init__(
         self, path: str | os.PathLike[str], *, n_gpu_layers: int = 0, load_mtp: bool = False,
-        vocab_only: bool = False, repack: bool = False,
+        vocab_only: bool = False, repack: bool = False, devices: Sequence[str] | None = None,
     ) -> None:
+        """``devices``: ggml device names the layers may go to (with ``n_gpu_layers``);
+        None lets llama.cpp use every registered one."""
         _init_once()
         ll = _lib()
         self.path = Path(path)
         p = ll.llama_model_default_params()
-        if n_gpu_layers == 0:
+        if devices is not None and n_gpu_layers != 0:
+            from pyggspec.ggml.device import get_device
+
+            addrs = [get_device(d).address for d in devices]
+            self._devices = (ctypes.c_void_p * (len(addrs) + 1))(*addrs, None)
+            p.devices = ctypes.cast(self._devices, ctypes.c_void_p)
+        elif n_gpu_layers == 0:
             # An explicit empty device list: CPU only, and llama.cpp does not probe other
             # registered devices (a dead RPC server registered by another test aborts a load).
             self._no_devices = (ctypes.c_void_p * 1)(None)
