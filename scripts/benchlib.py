@@ -155,7 +155,11 @@ class LlamaServer:
                 time.sleep(0.2)
         raise RuntimeError("llama-server did not become healthy")
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and self.proc.poll() is not None and hasattr(exc, "add_note"):
+            # the request failed because the server died: say so, with its last words
+            exc.add_note(f"llama-server exited ({self.proc.returncode}): "
+                         + (self.proc.stderr.read() or "")[-2000:])
         self.proc.terminate()
         try:
             self.proc.wait(timeout=30)

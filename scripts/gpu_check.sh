@@ -542,6 +542,8 @@ step_device() {
       say "starting on a fresh machine: $(nproc) cores, $(free -g | awk '/^Mem/ {print $2}') GiB"
       command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
       [ -f "$STATE/t0" ] || date +%s >"$STATE/t0"
+      # stage times of this run only (stages finished before keep their stamps, not times)
+      if [ -f "$STATE/timings.txt" ]; then mv "$STATE/timings.txt" "$STATE/timings.prev.txt"; fi
     fi
     local q=()
     [ "$QUICK" = 1 ] && q=(--quick)

@@ -103,12 +103,19 @@ def one_line(e: BaseException) -> str:
     exception (its stderr holds it among log lines and backtraces), else the last line."""
     import re
 
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = "\n".join([str(e), *getattr(e, "__notes__", [])])
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     for pat in (r"\.(c|cc|cpp|cu|h):\d+: ", r"GGML_ASSERT|GGML_ABORT",
                 r"^[\w.]*(Error|Exception|Exit)\b"):
         for ln in reversed(lines):
             if re.search(pat, ln):
                 return ln[:300]
+    for ln in lines:
+        m = re.match(r"llama-server exited \((-?\d+)\)", ln)
+        if m and int(m.group(1)) < 0:
+            sig = -int(m.group(1))
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else sig
+            return f"llama-server crashed ({name}) during the request: {lines[0]}"[:300]
     m = re.match(r"child failed \((-\d+)\)", lines[0]) if lines else None
     if m:  # benchlib.run_child: killed by a signal, no message of its own
         sig = -int(m.group(1))
@@ -171,7 +178,8 @@ class Runner:
             if time.monotonic() - t0 >= limit:
                 msg = f"timed out after {limit:.0f}s (processes killed): {msg}"
             self.errors.append(f"{what}: {msg}")
-            self.error_text.append({"what": what, "error": str(e)[-3000:]})
+            self.error_text.append({"what": what, "error": "\n".join(
+                [str(e), *getattr(e, "__notes__", [])])[-3000:]})
             print(f"  {what}: FAILED: {msg}", file=sys.stderr, flush=True)
             if os.environ.get("GPU_CHECK_TRACEBACK"):
                 traceback.print_exc()
