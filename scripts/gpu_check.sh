@@ -312,8 +312,10 @@ build_lcp_cuda() {
   # installed into .gpu/build/site; its build folder is kept so an interrupted build resumes.
   # The CPU backend with this CPU's ISA and AMX off, as build_llamacpp_tools.sh does (a VM
   # may report AMX without granting it: ggml's AMX repacking then crashes)
-  local args
-  args="-DGGML_RPC=on -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH $(scripts/build_llamacpp_tools.sh --print-isa-flags) ${CMAKE_ARGS:-}"
+  local args gpu="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH"
+  # GPU_CHECK_NO_CUDA=1: the same steps without CUDA (tests this script's plumbing off a GPU)
+  [ "${GPU_CHECK_NO_CUDA:-}" = 1 ] && gpu=""
+  args="-DGGML_RPC=on $gpu $(scripts/build_llamacpp_tools.sh --print-isa-flags) ${CMAKE_ARGS:-}"
   say "llama-cpp-python CMAKE_ARGS: $args"
   CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
     "$PY" -m pip install -v --no-index --no-deps --no-build-isolation --no-cache-dir --upgrade \
@@ -349,7 +351,7 @@ build_old_server() {
 build_new_server() {
   local args="-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF"
   if [ "$BACKEND" = cuda ]; then
-    args+=" -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH"
+    [ "${GPU_CHECK_NO_CUDA:-}" = 1 ] || args+=" -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH"
   else
     args+=" -DGGML_VULKAN=on $(vulkan_compat_flags)"
   fi
@@ -374,7 +376,7 @@ build_base() {  # sources, wheels, llama-cpp-python, native binding, llama-serve
   fi
   if [ "$BACKEND" = cuda ]; then
     if ! done_ lcp; then
-      command -v nvcc >/dev/null || die "nvcc not found (CUDA toolkit): not a CUDA machine?"
+      command -v nvcc >/dev/null || [ "${GPU_CHECK_NO_CUDA:-}" = 1 ] || die "nvcc not found (CUDA toolkit): not a CUDA machine?"
       timed "llama-cpp-python $LCP_VERSION (CUDA $CUDA_ARCH, $JOBS jobs)" "$RESULTS/build_lcp.log" build_lcp_cuda
       stamp lcp
     fi
