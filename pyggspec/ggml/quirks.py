@@ -48,9 +48,9 @@ QUIRKS: tuple[Quirk, ...] = (
         backend="Vulkan",
         description=r"\bllvmpipe\b",
         env={"GGML_VK_DISABLE_FUSION": "1"},
-        why=("ggml-vulkan's fused kernels corrupt host memory on Mesa's lavapipe (llama.cpp's "
-             "own test-backend-ops -b Vulkan0 -o RMS_NORM_MUL_ADD aborts with heap corruption "
-             "there and passes with fusion off; our MoE and MTP graphs segfaulted the same way)"),
+        why=("Mesa 22.3's lavapipe corrupts host memory in ggml-vulkan's fused kernels (llama.cpp's "
+             "own test-backend-ops -b Vulkan0 -o RMS_NORM_MUL_ADD and -o TOPK_MOE abort there; "
+             "Mesa 25.0 passes, but ggml's device description does not say which Mesa runs)"),
         action="running unfused ops (GGML_VK_DISABLE_FUSION=1)",
     ),
 )
