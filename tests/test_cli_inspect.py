@@ -36,6 +36,7 @@ def fake_devices(monkeypatch, *devs: _Dev) -> None:
     """Serve ``devs`` as the binding's device list (tests must not depend on the machine)."""
     fake = types.ModuleType("pyggspec.ggml.device")
     fake.list_devices = lambda: [_Dev("CPU", "host cpu", "cpu", 1 << 30, 2 << 30, "CPU"), *devs]
+    fake.backends_available = lambda: sorted({"CPU", *(d.backend for d in devs)})
     monkeypatch.setitem(sys.modules, "pyggspec.ggml.device", fake)
 
 
