@@ -572,8 +572,8 @@ step_device() {
   done
   copy_out
   if [ -f "$STATE/finished" ]; then
+    # (the table itself is in the worker's log above, and in gpu_check.md)
     say "gpu_check: FINISHED ($(( ($(date +%s) - $(cat "$STATE/t0")) / 60 )) min since the first call); results in ${OUTDIR:-$RESULTS}. Give the machine back now."
-    [ -f "$RESULTS/gpu_check.md" ] && cat "$RESULTS/gpu_check.md"
   elif worker_alive; then
     say "gpu_check: still running ($(( ($(date +%s) - $(cat "$STATE/t0")) / 60 )) min since the first call): make the same call again now"
   else
