@@ -293,7 +293,11 @@ unpack_sources() {
     name="$CARRY/$f.tar.xz"
     if [ ! -d "$SRC/$f" ]; then
       [ -f "$name" ] || die "$name missing: run 'scripts/gpu_check.sh prepare' here first (and carry .gpu/carry)"
-      tar -xJf "$name" -C "$SRC"
+      tar -xJf "$name" -C "$SRC" 2>/dev/null || "$PY" - "$name" "$SRC" <<'PYEOF'
+import sys, tarfile  # no xz(1) on this machine: Python's lzma does it
+with tarfile.open(sys.argv[1]) as t:
+    t.extractall(sys.argv[2], **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+PYEOF
     fi
   done
 }
