@@ -142,6 +142,7 @@ class _Timings:
 
 class _Result:
     stop_reason, timings, spec = "eos", _Timings(), _Spec()
+    prompt_tokens, tokens = [1] * 12, [2] * 11
 
 
 def test_metrics_text():

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyggspec.serving.protocol import ApiError
+from pyggspec.serving.template_caps import probe_caps
 
 # llama-server's fallback when a model has no template
 CHATML = (
@@ -40,6 +41,7 @@ class ChatTemplate:
         self.from_file = template is None and getattr(tokenizer, "chat_template", None) is not None
         self.jinja = jinja
         self._compiled: Any = None
+        self._caps: dict[str, bool] | None = None
         self._specials = self._special_pieces()
         if jinja:
             self._compiled = self._compile(self.source)
@@ -50,6 +52,33 @@ class ChatTemplate:
         where = "gguf" if self.from_file else ("chatml fallback" if self.source == CHATML
                                                else "override")
         return f"{where} ({'jinja' if self.jinja else 'llama.cpp built-in'})"
+
+    @property
+    def bos_token(self) -> str:
+        """The BOS token's text ("" without one), as templates and /props see it."""
+        return self._specials["bos_token"]
+
+    @property
+    def eos_token(self) -> str:
+        return self._specials["eos_token"]
+
+    def caps(self) -> dict[str, bool]:
+        """llama-server's ``chat_template_caps`` for this template (probed once; with
+        ``--no-jinja`` the source is still compiled for the probes, as llama-server parses
+        it with Jinja either way)."""
+        if self._caps is None:
+            try:
+                compiled = self._compiled or self._compile(self.source)
+            except ValueError:
+                compiled = None
+
+            def render(variables: Mapping[str, Any]) -> str:
+                if compiled is None:
+                    raise ValueError("the template does not compile")
+                return compiled.render(**{**self._specials, **variables})
+
+            self._caps = probe_caps(render)
+        return dict(self._caps)
 
     def _special_pieces(self) -> dict[str, str]:
         tok = self.tokenizer

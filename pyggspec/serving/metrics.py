@@ -5,7 +5,14 @@ speculation stats), so request, token, throughput and acceptance counters are ac
 here, per request, without reaching into the scheduler's thread. Gauges that describe the
 scheduler now (queue depth, busy slots) and memory by component are passed in at render
 time. Names follow llama-server's ``llamacpp:`` metrics where one exists (with a
-``pyggspec:`` prefix), so dashboards built for llama-server need only the prefix changed.
+``pyggspec:`` prefix).
+
+Beside them, :meth:`ServeMetrics.llamacpp_families` renders llama-server's own series
+(``llamacpp:prompt_tokens_total`` ... ``llamacpp:n_busy_slots_per_decode``) with its HELP
+and TYPE lines and its semantics, so dashboards and alerts built for llama-server work
+unchanged: its two throughput gauges are averaged over the window since the previous scrape
+(llama-server resets them at each ``/metrics``), while the ``pyggspec:`` ones stay
+lifetime averages.
 """
 
 from __future__ import annotations
@@ -49,11 +56,11 @@ def _escape(s: str) -> str:
     return s.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def render(metrics: Iterable[Metric]) -> str:
-    """Prometheus text exposition format (version 0.0.4)."""
+def render(metrics: Iterable[Metric], prefix: str = PREFIX) -> str:
+    """Prometheus text exposition format (version 0.0.4), every name under ``prefix``."""
     lines: list[str] = []
     for m in metrics:
-        name = PREFIX + m.name
+        name = prefix + m.name
         lines.append(f"# HELP {name} {m.help}")
         lines.append(f"# TYPE {name} {m.type}")
         for labels, value in m.samples:
@@ -85,6 +92,10 @@ class ServeMetrics:
         self.accepted_at: list[int] = []
         self.draft_len_steps: list[int] = []  # verify steps that drafted exactly k tokens
         self.ttft_seconds: list[float] = []  # kept as a histogram below
+        self.n_tokens_max = 0  # longest sequence seen (prompt + generated)
+        # llama-server's throughput buckets: (tokens, seconds) since the last scrape
+        self.prompt_bucket = [0, 0.0]
+        self.predict_bucket = [0, 0.0]
 
     # --- updates -------------------------------------------------------------------------
     def count_request(self, endpoint: str, status: int) -> None:
@@ -102,6 +113,12 @@ class ServeMetrics:
             self.prompt_seconds += t.prompt_ms / 1000
             self.predicted_tokens += t.predicted_n
             self.predicted_seconds += t.predicted_ms / 1000
+            self.prompt_bucket[0] += t.prompt_n
+            self.prompt_bucket[1] += t.prompt_ms / 1000
+            self.predict_bucket[0] += t.predicted_n
+            self.predict_bucket[1] += t.predicted_ms / 1000
+            self.n_tokens_max = max(self.n_tokens_max,
+                                    len(result.prompt_tokens) + len(result.tokens))
             spec = result.spec
             if spec is None:
                 return
@@ -210,6 +227,63 @@ class ServeMetrics:
                         mem.add(int(n), component=comp, device=dev)
             out += [mem, dev_total]
         out.extend(extra)
+        return out
+
+
+    def llamacpp_families(self, *, busy_slots: int, queued: int, n_decode: int,
+                          n_busy_slots_decoded: int) -> list[Metric]:
+        """llama-server's ``/metrics`` series (render with ``prefix="llamacpp:"``): its
+        names, HELP texts, types and order. ``n_decode``: decode steps run;
+        ``n_busy_slots_decoded``: busy slots summed over those steps. Resets the two
+        throughput buckets, as each llama-server scrape does."""
+        with self._lock:
+            prompt_rate = _rate(*self.prompt_bucket)
+            predict_rate = _rate(*self.predict_bucket)
+            self.prompt_bucket = [0, 0.0]
+            self.predict_bucket = [0, 0.0]
+            counters = [
+                ("prompt_tokens_total",
+                 "Number of prompt tokens processed, excluding cached tokens",
+                 self.prompt_tokens),
+                ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+                 self.cached_tokens),
+                ("prompt_seconds_total", "Total time spent processing prompts",
+                 self.prompt_seconds),
+                ("tokens_predicted_total", "Number of generation tokens processed",
+                 self.predicted_tokens),
+                ("tokens_predicted_seconds_total", "Total time spent generating tokens",
+                 self.predicted_seconds),
+                ("n_decode_total", ("Total number of llama_decode() calls, excluding "
+                                    "speculative decoding and multimodal decoding"), n_decode),
+                ("n_tokens_max", "Largest observed sequence length (prompt + generation)",
+                 self.n_tokens_max),
+                ("spec_decode_num_draft_tokens_total",
+                 "Speculative: Total draft tokens generated", self.draft_tokens),
+                ("spec_decode_num_accepted_tokens_total",
+                 "Speculative: Total draft tokens accepted by the target model",
+                 self.accepted_tokens),
+                ("spec_decode_num_drafts_total",
+                 "Speculative: Total speculative decoding verification steps",
+                 self.verify_steps),
+            ]
+            gauges = [
+                ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", prompt_rate),
+                ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
+                 predict_rate),
+                ("requests_processing", "Number of requests processing", busy_slots),
+                ("requests_deferred", "Number of requests deferred", queued),
+                ("n_busy_slots_per_decode",
+                 "Average number of busy slots per llama_decode() call",
+                 n_busy_slots_decoded / max(n_decode, 1)),
+            ]
+            out = [Metric(n, "counter", h).add(v) for n, h, v in counters]
+            out += [Metric(n, "gauge", h).add(float(v)) for n, h, v in gauges]
+            if self.accepted_at:
+                pos = Metric("spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                             "Accepted tokens per draft position")
+                for i, a in enumerate(self.accepted_at):
+                    pos.add(a, position=str(i))
+                out.append(pos)
         return out
 
 

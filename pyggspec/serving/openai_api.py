@@ -65,8 +65,9 @@ def chat_final_chunk(rid: str, created: int, model: str, result: Any) -> dict[st
 
 def usage_chunk(rid: str, created: int, model: str, result: Any, obj: str) -> dict[str, Any]:
     """``stream_options.include_usage``: one last chunk with no choices and the usage."""
-    return {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": usage(result), "timings": timings(result)}
+    return {"id": rid, "object": obj, "created": created, "model": model,
+            "system_fingerprint": "pyggspec", "choices": [], "usage": usage(result),
+            "timings": timings(result)}
 
 
 # ---------------------------------------------------------------------------- completions
@@ -90,7 +91,11 @@ def completion_chunk(rid: str, created: int, model: str, text: str,
 
 
 def completion_final_chunk(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
+    """The chunk with ``finish_reason``. It carries ``usage`` whether or not the request
+    asked for ``stream_options.include_usage``: llama-server's ``/v1/completions`` stream
+    ends with its whole final result, usage included (its chat stream does not)."""
     c = completion_chunk(rid, created, model, "", FINISH[result.stop_reason])
+    c["usage"] = usage(result)
     c["timings"] = timings(result)
     return c
 
@@ -121,5 +126,16 @@ def llama_chunk(text: str, tokens: list[int], slot: int) -> dict[str, Any]:
 
 
 def model_card(model_id: str, created: int, meta: dict[str, Any]) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "pyggspec",
-            "meta": meta}
+    """One ``/v1/models`` ``data[]`` entry (OpenAI's card with llama-server's extras)."""
+    return {"id": model_id, "aliases": [], "tags": [], "object": "model", "created": created,
+            "owned_by": "pyggspec", "meta": meta}
+
+
+def ollama_model_entry(model_id: str) -> dict[str, Any]:
+    """``/v1/models`` ``models[]``: the Ollama-style list llama-server sends beside OpenAI's
+    ``data`` (some UIs read only this one); its fields, with llama-server's placeholders."""
+    return {"name": model_id, "model": model_id, "modified_at": "", "size": "", "digest": "",
+            "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+            "parameters": "",
+            "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                        "parameter_size": "", "quantization_level": ""}}

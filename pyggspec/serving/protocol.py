@@ -111,14 +111,24 @@ def get_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
     return v
 
 
-def get_int(body: Mapping[str, Any], key: str, default: int | None) -> int | None:
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def get_int(body: Mapping[str, Any], key: str, default: int | None,
+            lo: int | None = INT32_MIN, hi: int | None = INT32_MAX) -> int | None:
+    """An integer field within ``lo..hi`` (llama-server reads its integer fields as int32,
+    so that is the default range: a larger value would otherwise reach a sampler or a
+    buffer size and fail there, as a 500, instead of here as a 400)."""
     v = body.get(key)
     if v is None:
         return default
-    if isinstance(v, float) and v.is_integer() and math.isfinite(v):
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
         v = int(v)  # JSON clients write 5.0 for 5
     if isinstance(v, bool) or not isinstance(v, int):
         raise invalid(f"'{key}' must be an integer, got {_kind(v)}", key)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise invalid(f"'{key}' must be between {lo} and {hi}, got {v}", key)
     return v
 
 
@@ -128,8 +138,10 @@ def get_float(body: Mapping[str, Any], key: str, default: float | None) -> float
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise invalid(f"'{key}' must be a number, got {_kind(v)}", key)
-    if not math.isfinite(v):
-        raise invalid(f"'{key}' must be a finite number", key)
+    if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
+        # llama-server reads these as float32: beyond its range a value is +-inf there and
+        # overflows the samplers' float32 arithmetic here
+        raise invalid(f"'{key}' must be a finite number (float32 range), got {v}", key)
     return float(v)
 
 
@@ -160,7 +172,7 @@ def parse_sampling(body: Mapping[str, Any], defaults: SamplingParams,
             ch[key] = v
     if ch.get("repeat_last_n", 0) == -1:
         ch["repeat_last_n"] = 64  # llama.cpp: -1 = context size; we keep its default window
-    seed = get_int(body, "seed", None)
+    seed = get_int(body, "seed", None, lo=None, hi=None)
     if seed is not None:
         if seed == -1:
             seed = DEFAULT_SEED
@@ -283,6 +295,38 @@ def parse_max_tokens(body: Mapping[str, Any], default: int | None) -> int | None
     return default
 
 
+# llama-server request fields that pyggspec accepts but does not act on (samplers it does not
+# implement, context-shift and cache-reuse knobs, output extras), by the JSON type
+# llama-server's schema reads them as. They are type-checked so a client mistake is a 400
+# naming the field, as llama-server answers it, rather than silently dropped.
+_NUMBER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
+                  "xtc_threshold", "dry_multiplier", "dry_base", "mirostat_tau", "mirostat_eta",
+                  "adaptive_target", "adaptive_decay", "speculative.p_min", "t_max_prompt_ms")
+_INT_FIELDS = ("n_keep", "n_discard", "n_indent", "n_cache_reuse", "min_keep",
+               "dry_allowed_length", "dry_penalty_last_n", "t_max_predict_ms",
+               "sse_ping_interval", "speculative.n_min", "speculative.ngram_size_n",
+               "speculative.ngram_size_m", "speculative.ngram_min_hits",
+               "reasoning_budget_tokens", "id_slot")
+_BOOL_FIELDS = ("timings_per_token", "return_progress", "post_sampling_probs", "verbose",
+                "backend_sampling", "parse_tool_calls", "grammar_lazy", "reasoning_control",
+                "cache_prompt", "parallel_tool_calls", "add_generation_prompt")
+_STR_FIELDS = ("reasoning_format", "chat_parser", "generation_prompt", "speculative.type",
+               "user")
+
+
+def check_known_fields(body: Mapping[str, Any]) -> None:
+    """Type checks for the llama-server / OpenAI fields listed above (HTTP 400 on a wrong
+    type; the value itself is not used)."""
+    for key in _NUMBER_FIELDS:
+        get_float(body, key, None)
+    for key in _INT_FIELDS:
+        get_int(body, key, None, lo=None, hi=None)
+    for key in _BOOL_FIELDS:
+        get_bool(body, key, False)
+    for key in _STR_FIELDS:
+        get_str(body, key, None)
+
+
 def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
               default_max_tokens: int | None) -> GenParams:
     """Everything but the prompt: sampling, limits, stop strings, streaming, extensions."""
@@ -310,6 +354,7 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
     spec = body.get("speculative")
     if spec is not None and not isinstance(spec, bool):
         raise invalid(f"'speculative' must be a boolean, got {_kind(spec)}", "speculative")
+    check_known_fields(body)
     n_draft = get_int(body, "speculative.n_max", None)
     if n_draft is not None and n_draft < 0:
         raise invalid(f"'speculative.n_max' must be >= 0, got {n_draft}", "speculative.n_max")

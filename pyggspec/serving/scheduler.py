@@ -138,7 +138,8 @@ class Scheduler:
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self._counts = dict.fromkeys(
             ("requests_total", "requests_finished", "requests_cancelled", "requests_failed",
-             "prompt_tokens", "prompt_tokens_cached", "generated_tokens", "decode_steps"), 0)
+             "prompt_tokens", "prompt_tokens_cached", "generated_tokens", "decode_steps",
+             "decode_busy_slots"), 0)
         self._prompt_ms = 0.0
 
     # --- submitting ---------------------------------------------------------------------
@@ -519,6 +520,7 @@ class Scheduler:
         now = time.monotonic()
         with self._lock:
             self._counts["decode_steps"] += 1
+            self._counts["decode_busy_slots"] += len(dec)  # llama-server's n_busy_slots
             self._recent.append((now, n))
             while self._recent and now - self._recent[0][0] > 10.0:
                 self._recent.popleft()
@@ -648,6 +650,7 @@ class Scheduler:
         ``prompt_tokens`` (evaluated), ``prompt_tokens_cached``, ``generated_tokens``,
         ``draft_n``, ``draft_n_accepted``, ``acceptance_per_position``,
         ``draft_length_histogram`` (drafts of length k -> count), ``verify_steps``,
+        ``decode_steps`` and ``decode_busy_slots`` (sequences summed over those steps),
         ``queue_depth``, ``busy_slots``, ``n_slots``, ``tokens_per_second`` (generation,
         recent), ``prompt_tokens_per_second``."""
         with self._lock:

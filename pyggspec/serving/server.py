@@ -42,6 +42,7 @@ from pyggspec.sampling import SamplingParams
 from pyggspec.serving import openai_api as oa
 from pyggspec.serving.chat import ChatTemplate, parse_template_kwargs
 from pyggspec.serving.metrics import Metric, ServeMetrics, render
+from pyggspec.serving.model_info import ModelInfo
 from pyggspec.serving.protocol import (
     ApiError,
     GenParams,
@@ -105,6 +106,7 @@ class ServerState:
         self.speculative = bool(getattr(self.engine, "spec_type", None))
         self.n_max = int(spec.n_max) if spec is not None and self.speculative else 0
         self.metrics = ServeMetrics(self.n_max)
+        self.model_info = ModelInfo.of(self.engine)
         self.created = oa.now()
         self.started = False
         self._pending: set[asyncio.Future] = set()
@@ -138,20 +140,43 @@ class ServerState:
         return m or self.config.model_id
 
     def settings(self, gen: GenParams) -> dict[str, Any]:
-        """llama-server's ``generation_settings`` (the values this request runs with)."""
+        """llama-server's ``generation_settings`` (the values this request runs with): its
+        fields in its order. Samplers pyggspec does not implement (dynatemp, top-n-sigma,
+        XTC, DRY, mirostat, adaptive-p) are reported in llama.cpp's disabled state, which
+        is the state they run in here."""
         s = gen.sampling
-        return {"n_ctx": self.n_ctx, "model": self.config.model_id,
-                "speculative": self.speculative if gen.speculative is None
-                else gen.speculative and self.speculative,
-                "n_predict": -1 if gen.max_tokens is None else gen.max_tokens,
-                "temperature": s.temp, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
-                "typical_p": s.typical_p, "repeat_penalty": s.repeat_penalty,
-                "repeat_last_n": s.repeat_last_n, "presence_penalty": s.presence_penalty,
-                "frequency_penalty": s.frequency_penalty, "seed": s.seed,
-                "samplers": list(s.samplers), "stop": list(gen.stop),
-                "ignore_eos": gen.ignore_eos, "stream": gen.stream,
-                "logit_bias": [[t, b if math.isfinite(b) else False] for t, b in s.logit_bias],
-                "speculative.n_max": self.n_max}
+        n_predict = -1 if gen.max_tokens is None else gen.max_tokens
+        speculative = (self.speculative if gen.speculative is None
+                       else gen.speculative and self.speculative)
+        return {
+            "seed": s.seed, "temperature": s.temp, "dynatemp_range": 0.0,
+            "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+            "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
+            "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
+            "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
+            "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75,
+            "dry_allowed_length": 2, "dry_penalty_last_n": 64,
+            "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0,
+            "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0,
+            "adaptive_decay": 0.9, "stop": list(gen.stop), "max_tokens": n_predict,
+            "n_predict": n_predict, "n_keep": 0, "n_discard": 0,
+            "ignore_eos": gen.ignore_eos, "stream": gen.stream,
+            # llama-server's {"bias", "token"} objects; a ban (-inf) as false, the value a
+            # request bans a token with (JSON has no -inf)
+            "logit_bias": [{"bias": b if math.isfinite(b) else False, "token": t}
+                           for t, b in s.logit_bias],
+            "n_probs": 0, "min_keep": 0, "grammar": "", "grammar_lazy": False,
+            "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
+            "reasoning_format": "none", "reasoning_in_content": False,
+            "generation_prompt": "", "samplers": list(s.samplers),
+            "speculative.types": "draft-mtp" if speculative else "none",
+            "timings_per_token": False, "post_sampling_probs": False,
+            "backend_sampling": bool(getattr(self.engine, "backend_sampling", False)),
+            "lora": [],
+            # pyggspec's own
+            "n_ctx": self.n_ctx, "model": self.config.model_id, "speculative": speculative,
+            "speculative.n_max": self.n_max,
+        }
 
     async def submit(self, ids: list[int], gen: GenParams, rid: str,
                      cache_prompt: bool = True) -> RequestHandle:
@@ -426,32 +451,38 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     @app.get("/models")
     async def models() -> JSONResponse:
-        hp = state.engine.hp
-        meta = {"n_vocab": state.n_vocab, "n_ctx_train": int(hp.n_ctx_train or 0),
-                "n_ctx": state.n_ctx, "n_embd": int(hp.n_embd),
-                "n_parallel": int(state.engine.n_parallel), "synthetic": cfg.synthetic,
-                "speculative": "draft-mtp" if state.speculative else None,
-                "spec_draft_n_max": state.n_max}
+        # llama-server's meta first, then pyggspec's
+        meta = state.model_info.meta(state.n_ctx)
+        meta.update({"n_parallel": int(state.engine.n_parallel), "synthetic": cfg.synthetic,
+                     "speculative": "draft-mtp" if state.speculative else None,
+                     "spec_draft_n_max": state.n_max})
         if cfg.synthetic:
             meta["note"] = ("built-in SYNTHETIC demo model: random weights, constructed MTP "
                             "agreement; its text is meaningless")
         card = oa.model_card(cfg.model_id, state.created, meta)
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"models": [oa.ollama_model_entry(cfg.model_id)],
+                             "object": "list", "data": [card]})
 
     @app.get("/props")
     async def props() -> JSONResponse:
         from pyggspec import __version__
 
         gen = GenParams(sampling=cfg.sampling, max_tokens=cfg.n_predict)
+        caps = await asyncio.to_thread(state.template.caps)  # probed once, then cached
+        # llama-server's fields in its order, then pyggspec's
         return JSONResponse({
-            "default_generation_settings": {"n_ctx": state.n_ctx,
-                                            "speculative": state.speculative,
-                                            "params": state.settings(gen)},
-            "total_slots": int(state.engine.n_parallel), "model_path": cfg.model_path,
-            "model_alias": cfg.model_id, "synthetic": cfg.synthetic,
-            "chat_template": state.template.source, "chat_template_renderer":
-            state.template.name, "modalities": {"vision": False, "audio": False},
-            "build_info": f"pyggspec {__version__}"})
+            "default_generation_settings": {"params": state.settings(gen),
+                                            "n_ctx": state.n_ctx,
+                                            "speculative": state.speculative},
+            "total_slots": int(state.engine.n_parallel), "model_alias": cfg.model_id,
+            "model_ftype": state.model_info.ftype, "model_path": cfg.model_path,
+            "modalities": {"vision": False, "video": False, "audio": False},
+            "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
+            "ui": False, "chat_template": state.template.source,
+            "chat_template_caps": caps, "bos_token": state.template.bos_token,
+            "eos_token": state.template.eos_token, "build_info": f"pyggspec {__version__}",
+            "is_sleeping": False, "synthetic": cfg.synthetic,
+            "chat_template_renderer": state.template.name})
 
     @app.get("/slots")
     async def slots(request: Request) -> JSONResponse:
@@ -466,7 +497,8 @@ def _routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         text = await asyncio.to_thread(_metrics_text, state)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": str(state.created)})
 
     # --- tokens ------------------------------------------------------------------------------
     @app.post("/tokenize")
@@ -545,7 +577,6 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         return _stream(state, handle, t_start, chunk, final, done_marker=True)
 
     @app.post("/v1/completions")
-    @app.post("/completions")
     async def completions(request: Request) -> Response:
         t_start = time.perf_counter()
         body = await body_of(request)
@@ -583,6 +614,7 @@ def _routes(app: FastAPI, state: ServerState) -> None:
         return _stream(state, handle, t_start, chunk, final, done_marker=True)
 
     @app.post("/completion")
+    @app.post("/completions")  # llama-server: its own shape here, OpenAI's under /v1 only
     async def completion(request: Request) -> Response:
         t_start = time.perf_counter()
         body = await body_of(request)
@@ -629,8 +661,9 @@ _NO_EVENT = _NoEvent()
 
 
 def _metrics_text(state: ServerState) -> str:
-    """Counters kept here, plus the scheduler's view now (queue, slots, recent throughput,
-    failed requests, decode steps) and memory by component."""
+    """llama-server's ``llamacpp:`` series, then pyggspec's ``pyggspec:`` ones: counters
+    kept here, plus the scheduler's view now (queue, slots, recent throughput, failed
+    requests, decode steps) and memory by component."""
     sched = state.scheduler
     m = sched.metrics()
     extra = [
@@ -643,10 +676,13 @@ def _metrics_text(state: ServerState) -> str:
         Metric("n_decode_total", "counter", "Decode / verify batches run.").add(
             int(m["decode_steps"])),
     ]
-    return render(state.metrics.families(busy_slots=int(m["busy_slots"]),
-                                         n_slots=int(m["n_slots"]),
-                                         queued=int(m["queue_depth"]),
-                                         memory=sched.memory(), extra=extra))
+    ours = state.metrics.families(busy_slots=int(m["busy_slots"]), n_slots=int(m["n_slots"]),
+                                  queued=int(m["queue_depth"]), memory=sched.memory(),
+                                  extra=extra)
+    llama = state.metrics.llamacpp_families(
+        busy_slots=int(m["busy_slots"]), queued=int(m["queue_depth"]),
+        n_decode=int(m["decode_steps"]), n_busy_slots_decoded=int(m.get("decode_busy_slots", 0)))
+    return render(llama, prefix="llamacpp:") + render(ours)
 
 
 # ---------------------------------------------------------------------------- running
