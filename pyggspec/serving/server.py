@@ -9,8 +9,10 @@ request, which frees its slot at the next step.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
 (OpenAI, streamed as SSE ``data: {...}`` chunks ending with ``data: [DONE]``); llama-server's
-``POST /completion``, ``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /health``,
-``/slots``, ``/props``, ``/metrics`` (Prometheus). ``--api-key`` guards every endpoint but
+``POST /completion`` (and ``/completions``, its alias there: OpenAI's shape is under ``/v1``
+only), ``/tokenize``, ``/detokenize``, ``/apply-template``, ``GET /health``, ``/slots``,
+``/props``, ``/metrics`` (Prometheus: llama-server's ``llamacpp:`` series, then pyggspec's
+``pyggspec:`` ones). Field names and shapes follow llama.cpp's ``tools/server``. ``--api-key`` guards every endpoint but
 ``/health`` (``Authorization: Bearer KEY`` or ``X-Api-Key``). Any model name is accepted (one
 model per server, as llama-server does without a router).
 
