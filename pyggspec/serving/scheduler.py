@@ -139,7 +139,7 @@ class Scheduler:
         self._counts = dict.fromkeys(
             ("requests_total", "requests_finished", "requests_cancelled", "requests_failed",
              "prompt_tokens", "prompt_tokens_cached", "generated_tokens", "decode_steps",
-             "decode_busy_slots"), 0)
+             "prompt_chunks", "decode_busy_slots"), 0)
         self._prompt_ms = 0.0
 
     # --- submitting ---------------------------------------------------------------------
@@ -467,6 +467,8 @@ class Scheduler:
         n_mtp = (e.mtp.n_evals - before) if e.mtp is not None else 0
         with self._lock:
             self._counts["prompt_tokens"] += T * len(group)
+            self._counts["prompt_chunks"] += 1
+            self._counts["decode_busy_slots"] += len(group)  # llama-server's n_busy_slots
         for a, p in zip(group, parts, strict=True):
             a.n_done += T
             if a.stats is not None:
@@ -650,7 +652,8 @@ class Scheduler:
         ``prompt_tokens`` (evaluated), ``prompt_tokens_cached``, ``generated_tokens``,
         ``draft_n``, ``draft_n_accepted``, ``acceptance_per_position``,
         ``draft_length_histogram`` (drafts of length k -> count), ``verify_steps``,
-        ``decode_steps`` and ``decode_busy_slots`` (sequences summed over those steps),
+        ``decode_steps`` (generation batches), ``prompt_chunks`` (prompt batches) and
+        ``decode_busy_slots`` (sequences summed over both),
         ``queue_depth``, ``busy_slots``, ``n_slots``, ``tokens_per_second`` (generation,
         recent), ``prompt_tokens_per_second``."""
         with self._lock:

@@ -683,7 +683,9 @@ def _metrics_text(state: ServerState) -> str:
                                   extra=extra)
     llama = state.metrics.llamacpp_families(
         busy_slots=int(m["busy_slots"]), queued=int(m["queue_depth"]),
-        n_decode=int(m["decode_steps"]), n_busy_slots_decoded=int(m.get("decode_busy_slots", 0)))
+        # llama-server counts every llama_decode() but speculative drafts: prompt batches too
+        n_decode=int(m["decode_steps"]) + int(m.get("prompt_chunks", 0)),
+        n_busy_slots_decoded=int(m.get("decode_busy_slots", 0)))
     return render(llama, prefix="llamacpp:") + render(ours)
 
 
