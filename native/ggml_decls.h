@@ -276,7 +276,7 @@ ggml_backend_reg_t pyggspec_rpc_add_server(const char * endpoint);
 int  pyggspec_rpc_start_server(const char * endpoint, const char * cache_dir, size_t n_threads);
 bool pyggspec_backend_set_n_threads(ggml_backend_t backend, int n_threads);
 void pyggspec_ctx_forget_alloc(struct ggml_context * ctx);
-struct pyggspec_probe_hit { int node; int kind; ggml_backend_dev_t dev; };
+struct pyggspec_probe_hit { int node; int kind; ggml_backend_dev_t dev; struct ggml_tensor * tensor; };
 int  pyggspec_graph_probe(struct ggml_cgraph * graph, struct pyggspec_probe_hit * out, int cap);
 struct ggml_tensor * pyggspec_view_bits(struct ggml_context * ctx, struct ggml_tensor * a, enum ggml_type type);
 

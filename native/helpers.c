@@ -136,7 +136,7 @@ struct ggml_tensor * pyggspec_view_bits(struct ggml_context * ctx, struct ggml_t
     return t;
 }
 
-struct pyggspec_probe_hit { int node; int kind; ggml_backend_dev_t dev; };
+struct pyggspec_probe_hit { int node; int kind; ggml_backend_dev_t dev; struct ggml_tensor * tensor; };
 
 /* Probe a graph before ggml's scheduler splits it: the nodes that a device holding their
  * data cannot run. kind 0: a weight lives on a device that lacks the op -- the scheduler
@@ -157,6 +157,7 @@ int pyggspec_graph_probe(struct ggml_cgraph * graph, struct pyggspec_probe_hit *
         ggml_backend_buffer_t buf = base->buffer;
         int kind = -1;
         ggml_backend_dev_t dev = NULL;
+        struct ggml_tensor * culprit = t;
         if (buf != NULL && !ggml_backend_buffer_is_host(buf) &&
                 ggml_backend_buffer_get_usage(buf) != GGML_BACKEND_BUFFER_USAGE_COMPUTE) {
             dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(buf));
@@ -164,6 +165,20 @@ int pyggspec_graph_probe(struct ggml_cgraph * graph, struct pyggspec_probe_hit *
                 kind = 1;
             }
         } else {
+            /* a weight the device cannot address at all (e.g. larger than its storage-buffer
+             * range): ggml aborts on the leaf itself, whatever op reads it */
+            for (int s = 0; s < GGML_MAX_SRC && kind < 0; s++) {
+                const struct ggml_tensor * src = t->src[s];
+                if (src == NULL || src->op != GGML_OP_NONE || src->buffer == NULL ||
+                        ggml_backend_buffer_is_host(src->buffer)) {
+                    continue;
+                }
+                dev = ggml_backend_buft_get_device(ggml_backend_buffer_get_type(src->buffer));
+                if (dev != NULL && !ggml_backend_dev_supports_op(dev, src)) {
+                    kind = 2;
+                    culprit = t->src[s];
+                }
+            }
             for (int s = 0; s < GGML_MAX_SRC && kind < 0; s++) {
                 const struct ggml_tensor * src = t->src[s];
                 if (src == NULL || src->buffer == NULL || ggml_backend_buffer_is_host(src->buffer) ||
@@ -181,6 +196,7 @@ int pyggspec_graph_probe(struct ggml_cgraph * graph, struct pyggspec_probe_hit *
                 out[n].node = i;
                 out[n].kind = kind;
                 out[n].dev = dev;
+                out[n].tensor = culprit;
             }
             n++;
         }

@@ -82,6 +82,11 @@ class GenerationResult:
                 "cache_n": self.cache_n, "timings": self.timings.to_dict()}
 
 
+def _device_accepts(device: str, info) -> bool:
+    """Placement's question to the binding: can ``device`` hold this weight at all."""
+    return get_device(device).accepts(info.type_name, info.ne[: info.n_dims])
+
+
 def _check_cache_types(types: Mapping[str, str]) -> None:
     """A KV cache type ggml cannot store is a one-line error naming its flag."""
     from pyggspec.memory.kv import KV_TYPES
@@ -171,7 +176,12 @@ class Engine:
             # a registered RPC device whose server is gone cannot take layers
             names = [d.name for d in devices() if d.reachable()]
             self.placement = plan_placement(trunk, names, n_gpu_layers, device, override_tensor,
-                                            cpu_moe, include_mtp=grafted)
+                                            cpu_moe, include_mtp=grafted,
+                                            accepts=_device_accepts)
+            for name, dev in self.placement.refused.items():
+                t = trunk.tensors[name]
+                log.warning("%s cannot hold %s (%s, %.0f MiB) as an operand: keeping it on "
+                            "the CPU", dev, name, t.type_name, t.nbytes / 2**20)
             self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
                                         progress=progress, repack=repack)
             self._closers.append(self.weights)
@@ -656,8 +666,9 @@ class Engine:
 
     def device_report(self) -> dict:
         """What the devices could not do as asked: ops that ran on the CPU instead of the
-        device holding their weights (probed per graph before ggml splits it), and the
-        known-broken device rules in force (``pyggspec.ggml.quirks``)."""
+        device holding their weights (probed per graph before ggml splits it), weights a
+        device cannot hold at all (kept on the CPU by the placement) and the known-broken
+        device rules in force (``pyggspec.ggml.quirks``)."""
         from pyggspec.ggml import quirks
 
         fbs: dict = {}
@@ -670,6 +681,7 @@ class Engine:
                            "shape": list(f.shape)} for f in fbs.values()],
             "quirks": [{"device": n, "key": q.key, "line": q.line(n)}
                        for n in names for q in quirks.applied(n)],
+            "refused": dict(self.placement.refused),  # weights a device cannot hold: on the CPU
         }
 
     def memory(self) -> dict:

@@ -28,7 +28,7 @@ import bisect
 import os
 import re
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -66,6 +66,7 @@ class Placement:
     bytes_by_device: Mapping[str, int]
     overridden: Mapping[str, str] = field(default_factory=dict)  # tensor -> pattern
     skipped: tuple[str, ...] = ()  # tensors not loaded (MTP block when include_mtp=False)
+    refused: Mapping[str, str] = field(default_factory=dict)  # tensor -> device that cannot hold it
 
     @property
     def input_device(self) -> str:
@@ -162,12 +163,16 @@ def plan_placement(model: ModelFile, devices: Sequence[str],
                    n_gpu_layers: NGpuLayers = None, device: str | None = None,
                    override_tensor: Sequence[tuple[str, str]] = (), cpu_moe: bool = False,
                    tensor_split: Sequence[float] | None = None,
-                   include_mtp: bool = True) -> Placement:
+                   include_mtp: bool = True,
+                   accepts: Callable[[str, TensorInfo], bool] | None = None) -> Placement:
     """Map every tensor ``model`` loads to a device name (see the module docstring for rules).
 
     ``devices`` are the available device names in order ("CPU" among them); ``device`` restricts
     offloading (``-dev``); ``override_tensor`` is ``[(regex, device), ...]``; ``include_mtp=False``
     leaves the MTP block unloaded (llama.cpp without ``--spec-type draft-mtp``).
+    ``accepts(device, info)`` says whether a device can hold a tensor as an operand at all; a
+    tensor it refuses stays on the CPU (listed in ``refused``), and a refused LM head moves
+    the logits to the CPU: ggml would otherwise abort on the first graph that reads it.
     """
     hp = model.hparams
     offload = select_offload_devices(devices, device)
@@ -194,6 +199,7 @@ def plan_placement(model: ModelFile, devices: Sequence[str],
     present = [s.name for s in model.report.expected if s.name in model.tensors]
     where: dict[str, str] = {}
     overridden: dict[str, str] = {}
+    refused: dict[str, str] = {}
     skipped: list[str] = []
     nbytes: dict[str, int] = {d: 0 for d in (CPU, *offload)}
     for name in present:
@@ -212,12 +218,22 @@ def plan_placement(model: ModelFile, devices: Sequence[str],
             where[name], overridden[name] = o
         else:
             where[name] = default
+        if where[name] != CPU and accepts is not None and not accepts(where[name],
+                                                                     model.tensors[name]):
+            refused[name] = where[name]
+            where[name] = CPU
         nbytes[where[name]] = nbytes.get(where[name], 0) + model.tensors[name].nbytes
 
+    if "output.weight" in refused:
+        out_dev = CPU  # the logits come from the CPU's copy of the LM head
     copy_dev = None
     if model.tied_output and "token_embd.weight" in where:
         o = override("token_embd.weight")
         out_copy = o[0] if o is not None else out_dev
+        if out_copy != CPU and accepts is not None and not accepts(out_copy,
+                                                                   model.tensors["token_embd.weight"]):
+            refused["output.weight"] = out_copy
+            out_copy = out_dev = CPU
         if out_copy != where["token_embd.weight"]:
             copy_dev = out_copy
             nbytes[copy_dev] = nbytes.get(copy_dev, 0) + model.tensors["token_embd.weight"].nbytes
@@ -226,7 +242,7 @@ def plan_placement(model: ModelFile, devices: Sequence[str],
         offload_devices=offload, n_gpu_layers=n_gpu, i_gpu_start=i_gpu_start,
         layer_devices=blocks, output_device=out_dev, tensor_devices=where,
         output_copy_device=copy_dev, bytes_by_device=nbytes, overridden=overridden,
-        skipped=tuple(skipped),
+        skipped=tuple(skipped), refused=refused,
     )
 
 

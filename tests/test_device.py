@@ -206,7 +206,7 @@ def test_device_runs_every_op_or_reports_the_fallback(models, accel_device):
                 backend_sampling=True) as e:
         assert tokens(e, PROMPTS[:1]) == ref
         report = e.device_report()
-    assert set(report) >= {"fallbacks", "quirks"}
+    assert set(report) >= {"fallbacks", "quirks", "refused"}
     for fb in report["fallbacks"]:
         assert fb["device"] == accel_device.name and fb["op"]
     for q in quirks.applied(accel_device.name):

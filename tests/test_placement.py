@@ -139,3 +139,23 @@ def test_errors(dense):
         plan_placement(dense, ["GPU0"])
     with pytest.raises(PyggspecError, match="non-negative shares"):
         plan_placement(dense, ["CPU", "A", "B"], tensor_split=[1.0])
+
+
+def test_weights_a_device_cannot_hold_stay_on_the_cpu(dense, moe):
+    """A device that refuses a weight as an operand (lavapipe caps one storage buffer at
+    128 MiB, below a real LM head) gets it kept on the CPU, listed in ``refused``; a refused
+    LM head moves the logits to the CPU (ggml would abort on the first graph otherwise)."""
+    def no_head(dev, info):
+        return info.name not in ("output.weight", "token_embd.weight")
+
+    p = plan_placement(dense, DEVS, "all", accepts=no_head)
+    assert p.refused == {"output.weight": "GPU0"}
+    assert p.device_of("output.weight") == "CPU" and p.output_device == "CPU"
+    assert p.device_of("blk.0.attn_norm.weight") == "GPU0"
+    full = plan_placement(dense, DEVS, "all")
+    moved = dense.tensors["output.weight"].nbytes
+    assert p.bytes_by_device["CPU"] == full.bytes_by_device["CPU"] + moved
+    tied = plan_placement(moe, DEVS, "all", accepts=no_head)  # tied head: the copy is refused
+    assert tied.refused == {"output.weight": "GPU0"}
+    assert tied.output_copy_device is None and tied.output_device == "CPU"
+    assert plan_placement(dense, DEVS, "all", accepts=lambda d, i: True).refused == {}

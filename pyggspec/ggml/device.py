@@ -114,6 +114,20 @@ class Device:
     def supports_op(self, tensor) -> bool:
         return bool(_lib.lib.ggml_backend_dev_supports_op(self.ptr, tensor.ptr))
 
+    def accepts(self, type_name: str, ne: tuple[int, ...]) -> bool:
+        """Whether the device can hold a tensor of this type and shape as an operand (asked
+        with metadata only: a GPU API may cap one buffer binding, e.g. lavapipe's 128 MiB
+        storage-buffer range, below the size of a large LM head)."""
+        if self.is_cpu:
+            return True
+        from pyggspec.ggml.context import Context
+
+        ctx = Context(1)
+        try:
+            return self.supports_op(ctx.new_tensor(type_name, ne))
+        finally:
+            ctx.close()
+
     def open(self, n_threads: int | None = None) -> Backend:
         if not self.reachable():
             raise DeviceError(self.name, f"RPC server {self.description} is not reachable")

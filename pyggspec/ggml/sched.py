@@ -121,6 +121,11 @@ class Scheduler:
         for h in hits[0:min(n, _PROBE_CAP)]:
             node = Tensor(lib.ggml_graph_node(graph.ptr, h.node), graph.ctx)
             dev = ffi.string(lib.ggml_backend_dev_name(h.dev)).decode()
+            if h.kind == 2:
+                w = Tensor(h.tensor, graph.ctx)
+                raise DeviceError(dev, f"cannot use {w.name} {list(w.shape)} "
+                                  f"({w.nbytes / 2**20:.0f} MiB) as an operand of {node.op} "
+                                  "(ggml would abort); keep it on the CPU (-ot)")
             if h.kind == 1:
                 raise DeviceError(dev, f"cannot run {node.op} on {node.name} {list(node.shape)}, "
                                   "which writes into this device's memory (ggml would abort); "
