@@ -19,7 +19,8 @@ from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import Request
 from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
-from pyggspec.testing.oracle import OracleModel, rel_err
+from pyggspec.testing.oracle import oracle_greedy, rel_err
+from tests.test_trunk_oracle import ours_greedy
 
 pytestmark = pytest.mark.device
 
@@ -54,26 +55,10 @@ def engine(path, dev=None, **kw) -> Engine:
     return Engine(path, mtp_path=mtp, load_tokenizer=False, **kw)
 
 
-def greedy_logits(e: Engine, prompt, n):
-    lg = e.eval(prompt)
-    rows, toks = [lg], []
-    for _ in range(n):
-        toks.append(int(lg[-1].argmax()))
-        lg = e.eval([toks[-1]])
-        rows.append(lg)
-    return np.concatenate(rows), toks
-
-
 def oracle_logits(path, prompt, n, dev=None):
+    """llama.cpp's greedy logits and tokens, on the CPU or offloaded to ``dev``."""
     kw = {"n_gpu_layers": 99, "devices": [dev.name]} if dev is not None else {}
-    with OracleModel(path, **kw) as om, om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
-        lg = oc.eval(prompt)
-        rows, toks = [lg], []
-        for _ in range(n):
-            toks.append(int(lg[-1].argmax()))
-            lg = oc.eval([toks[-1]])
-            rows.append(lg)
-    return np.concatenate(rows), toks
+    return oracle_greedy(path, prompt, n, **kw)
 
 
 def tokens(e: Engine, prompts, n=N, **kw) -> list[list[int]]:
@@ -93,10 +78,10 @@ def test_trunk_logits_and_greedy_equal_cpu(models, accel_device, arch):
     with a factor 2 for graphs that are not op-for-op llama.cpp's)."""
     path = models[arch]
     with engine(path) as e:
-        cpu, cpu_toks = greedy_logits(e, PROMPT, 16)
+        cpu, cpu_toks = ours_greedy(e, PROMPT, 16)
     with engine(path, accel_device) as e:
         on_device(e, accel_device)
-        dev, dev_toks = greedy_logits(e, PROMPT, 16)
+        dev, dev_toks = ours_greedy(e, PROMPT, 16)
     assert dev_toks == cpu_toks
     ref_cpu, ref_toks = oracle_logits(path, PROMPT, 16)
     ref_dev, ref_dev_toks = oracle_logits(path, PROMPT, 16, accel_device)
