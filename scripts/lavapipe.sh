@@ -3,8 +3,8 @@
 #
 # Debian 12 ships Mesa 22.3.6, whose lavapipe corrupts host memory under ggml-vulkan:
 # llama.cpp's own `test-backend-ops -b Vulkan0 -o RMS_NORM_MUL_ADD` (and `-o TOPK_MOE`)
-# abort there with heap corruption, and pyggspec's speculative graphs with snapshot
-# rollback and 3+ sequences segfault inside it (the same graphs run on an RPC device).
+# abort there with heap corruption, and pyggspec's speculative graphs for 3+ sequences
+# segfault inside it even with fusion off (the same graphs run on an RPC device).
 # Mesa 25.0.7 from bookworm-backports passes those test-backend-ops cases (36/36, 416/416)
 # and every device test. On other systems this does nothing: use the distribution's
 # mesa-vulkan-drivers (Ubuntu 24.04 and later ship Mesa >= 24).

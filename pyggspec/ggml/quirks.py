@@ -34,9 +34,17 @@ class Quirk:
     env: Mapping[str, str]  # ggml switches set before the device initialises
     why: str  # one line: what breaks, and the evidence
     action: str  # one line: what pyggspec does about it
+    mesa_below: tuple[int, int] | None = None  # only Mesa drivers older than this (unknown: yes)
 
     def matches(self, backend: str, description: str) -> bool:
-        return backend == self.backend and re.search(self.description, description) is not None
+        if backend != self.backend or re.search(self.description, description) is None:
+            return False
+        if self.mesa_below is None:
+            return True
+        from pyggspec.ggml.vulkan_driver import mesa_version
+
+        version = mesa_version(description)
+        return version is None or version < self.mesa_below
 
     def line(self, device: str) -> str:
         return f"{device}: {self.why}; {self.action}"
@@ -50,8 +58,9 @@ QUIRKS: tuple[Quirk, ...] = (
         env={"GGML_VK_DISABLE_FUSION": "1"},
         why=("Mesa 22.3's lavapipe corrupts host memory in ggml-vulkan's fused kernels (llama.cpp's "
              "own test-backend-ops -b Vulkan0 -o RMS_NORM_MUL_ADD and -o TOPK_MOE abort there; "
-             "Mesa 25.0 passes, but ggml's device description does not say which Mesa runs)"),
-        action="running unfused ops (GGML_VK_DISABLE_FUSION=1)",
+             "Mesa 25.0.7 passes them)"),
+        action="running unfused ops (GGML_VK_DISABLE_FUSION=1); scripts/lavapipe.sh installs Mesa 25",
+        mesa_below=(25, 0),
     ),
 )
 
@@ -96,3 +105,4 @@ def report_once(device: str) -> None:
     _reported.add(device)
     for line in lines(device):
         log.warning("%s", line)
+
