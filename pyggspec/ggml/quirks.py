@@ -56,8 +56,8 @@ QUIRKS: tuple[Quirk, ...] = (
         backend="Vulkan",
         description=r"\bllvmpipe\b",
         env={"GGML_VK_DISABLE_FUSION": "1"},
-        why=("Mesa 22.3's lavapipe corrupts host memory in ggml-vulkan's fused kernels (llama.cpp's "
-             "own test-backend-ops -b Vulkan0 -o RMS_NORM_MUL_ADD and -o TOPK_MOE abort there; "
+        why=("lavapipe before Mesa 25 corrupts host memory in ggml-vulkan's fused kernels (llama.cpp's "
+             "own test-backend-ops -b Vulkan0 -o RMS_NORM_MUL_ADD and -o TOPK_MOE abort on 22.3; "
              "Mesa 25.0.7 passes them)"),
         action="running unfused ops (GGML_VK_DISABLE_FUSION=1); scripts/lavapipe.sh installs Mesa 25",
         mesa_below=(25, 0),
