@@ -7,6 +7,7 @@ Python API behind the CLI: ``Engine(path).generate(...)``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -84,7 +85,14 @@ class GenerationResult:
 
 def _device_accepts(device: str, info) -> bool:
     """Placement's question to the binding: can ``device`` hold this weight at all."""
-    return get_device(device).accepts(info.type_name, info.ne[: info.n_dims])
+    return _accepts(device, info.type_name, tuple(info.ne[: info.n_dims]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _accepts(device: str, type_name: str, ne: tuple[int, ...]) -> bool:
+    """Asked once per (device, type, shape): every layer repeats the same few shapes, and
+    an RPC device answers each question over the network."""
+    return get_device(device).accepts(type_name, ne)
 
 
 def _check_cache_types(types: Mapping[str, str]) -> None:

@@ -191,8 +191,42 @@ def test_device_runs_every_op_or_reports_the_fallback(models, accel_device):
                 backend_sampling=True) as e:
         assert tokens(e, PROMPTS[:1]) == ref
         report = e.device_report()
+        # every graph the loop ran went through the probe (devices + CPU: multi-backend)
+        built = [g for r in (e.target, e.mtp) for c in (r.graphs.steps, r.graphs.prompts)
+                 for g in c._entries.values()]
+        assert built and all(g.graph.probed for g in built)
     assert set(report) >= {"fallbacks", "quirks", "refused"}
     for fb in report["fallbacks"]:
         assert fb["device"] == accel_device.name and fb["op"]
     for q in quirks.applied(accel_device.name):
         assert any(q.key == k["key"] for k in report["quirks"])
+
+
+def test_a_weight_the_device_cannot_hold_is_an_error_not_an_abort(accel_device):
+    """A weight over what the device can bind as one operand (lavapipe: a 128 MiB
+    storage-buffer range) makes ggml's scheduler abort; the graph probe raises a
+    DeviceError naming the weight instead, and the placement would have kept it on the
+    CPU (``Device.accepts`` says no for that shape)."""
+    from pyggspec.errors import DeviceError
+    from pyggspec.ggml import context, sched
+    from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
+    from pyggspec.ggml.device import cpu_device
+    from pyggspec.ggml.dtypes import GGMLType
+
+    n = (128 << 20) // 4 + 1024  # f32 elements: just over 128 MiB
+    if accel_device.accepts("f32", (n,)):
+        pytest.skip(f"{accel_device.name} binds {n * 4} bytes as one operand: nothing to refuse")
+    wctx = context.Context(1)
+    w = wctx.new_tensor("f32", (n,), "big.weight")
+    buf = Buffer.for_context(wctx, accel_device, "weights", usage=USAGE_WEIGHTS)
+    ctx = context.Context(8, graph_size=16)
+    x = ctx.input(GGMLType.F32, (n,), "x")
+    graph = sched.Graph(ctx, [ctx.mul(x, w)], size=16)
+    with accel_device.open() as dev, cpu_device().open(1) as cpu:
+        s = sched.Scheduler([dev, cpu], graph_size=16)
+        with pytest.raises(DeviceError, match="big.weight"):
+            s.alloc(graph)
+        s.close()
+    ctx.close()
+    buf.close()
+    wctx.close()

@@ -165,11 +165,12 @@ def test_step_fast_path_equals_eval(model_dir):
         one_a = e.eval([17], 0)[0]
         one_b = e.eval([18], 0)[0]
     assert np.array_equal(a, one_a) and np.array_equal(b, one_b)
-    with OracleModel(path) as om, om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
-        oc.eval(PROMPT)
-        two = oc.eval([17, 18])
-    with OracleModel(path) as om, om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
-        oc.eval(PROMPT)
-        singles = np.concatenate([oc.eval([17]), oc.eval([18])])
+    with OracleModel(path) as om:
+        with om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
+            oc.eval(PROMPT)
+            two = oc.eval([17, 18])
+        with om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
+            oc.eval(PROMPT)
+            singles = np.concatenate([oc.eval([17]), oc.eval([18])])
     assert np.array_equal(ref, two), rel_err(ref, two)
     assert np.array_equal(np.stack([a, b]), singles), rel_err(np.stack([a, b]), singles)

@@ -76,7 +76,7 @@ class ModelInfo:
             n_ctx_train=int(engine.hp.n_ctx_train or 0),
             n_embd=int(engine.hp.n_embd),
             n_params=sum(int(t.n_elements) for t in tensors),
-            size=sum(int(t.nbytes) for t in tensors),
+            size=int(trunk.total_bytes),
             ftype=ftype_name(None if file_type is None else int(file_type),
                              [t.type.name for t in tensors]),
         )
