@@ -19,6 +19,7 @@ import numpy as np
 from typing_extensions import Self
 
 from pyggspec.compute import reserve_compute
+from pyggspec.config import SpecConfig
 from pyggspec.errors import PyggspecError
 from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
 from pyggspec.ggml.sched import Scheduler
@@ -28,7 +29,7 @@ from pyggspec.models.qwen35 import StepResult, Target, UBatch
 from pyggspec.sampling import SamplingParams, graph_sampling
 from pyggspec.sampling.session import SequenceSamplers
 from pyggspec.serving.request import Event, Request, RequestHandle
-from pyggspec.speculative.loop import SpecConfig, SpecStats
+from pyggspec.speculative.loop import SpecStats
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.scheduler import Scheduler as RequestScheduler

@@ -21,29 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pyggspec.config import SpecConfig
 from pyggspec.models.qwen35 import UBatch
 from pyggspec.speculative.draft_mtp import DraftRequest, MtpDrafter
-
-
-@dataclass
-class SpecConfig:
-    n_max: int = 3  # --spec-draft-n-max
-    n_min: int = 0  # --spec-draft-n-min
-    p_min: float = 0.0  # --spec-draft-p-min
-    rollback: str = "auto"  # "auto" | "snapshot" | "checkpoint"
-    draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
-    draft_head: str = ""  # --spec-draft-head: ggml type of a draft-only LM head copy ("": none)
-    # draft length chosen per step from measured acceptance and costs (n_max the cap):
-    # --spec-draft-adaptive. Off by default until it beats a fixed n_max (docs/benchmarks.md)
-    adaptive: bool = False
-    # --spec-draft-sampling: "coupled" draws drafts of sampling chains through the chain with
-    # the target's noise for that token; "greedy" takes the head's argmax (llama.cpp)
-    draft_sampling: str = "coupled"
-
-    def __post_init__(self) -> None:
-        if self.draft_sampling not in ("coupled", "greedy"):
-            raise ValueError(f"draft_sampling must be 'coupled' or 'greedy', got "
-                             f"{self.draft_sampling!r}")
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from pyggspec.speculative.loop import SpecConfig
+from pyggspec.config import SpecConfig
 
 
 @dataclass(frozen=True)

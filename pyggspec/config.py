@@ -1,0 +1,160 @@
+"""The engine's settings in one place, checked once: built by the CLI, the server and the
+Python API alike (``Engine(path, **kw)`` builds an :class:`EngineConfig` from ``kw``).
+
+Everything that can be checked without opening the model is checked here, so a bad value
+is one line naming its flag whoever built the config. Values the model decides (the
+training context, whether an MTP head exists) are checked where the model is opened.
+Adding an option is one field here (and, for the CLI, one line in ``cli/common.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from pyggspec.errors import PyggspecError
+from pyggspec.sampling.params import SamplingParams
+
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+ROLLBACKS = ("auto", "snapshot", "checkpoint")
+DRAFT_SAMPLING = ("coupled", "greedy")
+
+
+class ConfigError(PyggspecError, ValueError):
+    """A setting out of range: one line naming its flag (a ValueError for library callers)."""
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation (``--spec-*``); only read when ``spec_type`` is ``draft-mtp``."""
+
+    n_max: int = 3  # --spec-draft-n-max
+    n_min: int = 0  # --spec-draft-n-min
+    p_min: float = 0.0  # --spec-draft-p-min
+    rollback: str = "auto"  # --spec-rollback: auto | snapshot | checkpoint
+    draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
+    draft_head: str = ""  # --spec-draft-head: ggml type of a draft-only LM head copy ("": none)
+    # draft length chosen per step from measured acceptance and costs (n_max the cap):
+    # --spec-draft-adaptive. Off by default until it beats a fixed n_max (docs/benchmarks.md)
+    adaptive: bool = False
+    # --spec-draft-sampling: "coupled" draws drafts of sampling chains through the chain with
+    # the target's noise for that token; "greedy" takes the head's argmax (llama.cpp)
+    draft_sampling: str = "coupled"
+
+    def __post_init__(self) -> None:
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise ConfigError("--spec-draft-sampling", "draft_sampling must be coupled or greedy, "
+                              f"got {self.draft_sampling!r}")
+        if self.rollback not in ROLLBACKS:
+            raise ConfigError("--spec-rollback", f"expected auto, snapshot or checkpoint, "
+                                f"got {self.rollback!r}")
+        if self.n_max < 1 or self.n_min < 0 or self.n_min > self.n_max:
+            raise ConfigError("--spec-draft-n-max", "need 1 <= n_min <= n_max "
+                                f"(got n_min={self.n_min}, n_max={self.n_max})")
+        if not 0.0 <= self.p_min <= 1.0:
+            raise ConfigError("--spec-draft-p-min", f"must be in [0, 1], got {self.p_min}")
+        if self.draft_vocab < 0:
+            raise ConfigError("--spec-draft-vocab", f"must be >= 0, got {self.draft_vocab}")
+        if self.draft_vocab and self.p_min > 0:
+            raise ConfigError("--spec-draft-vocab", "cannot be combined with "
+                                "--spec-draft-p-min: p_min needs the full-vocabulary softmax")
+
+
+def _check_kv_type(flag: str, t: str) -> None:
+    """A KV cache type ggml cannot store is a one-line error naming its flag."""
+    if str(t).lower() not in KV_TYPES:
+        raise ConfigError(flag, f"unsupported KV cache type {t!r} ({', '.join(KV_TYPES)})")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything ``Engine`` is built from, besides the model path (llama.cpp flag names in
+    comments). Frozen: a running engine's settings never change under it."""
+
+    mtp_path: str | None = None  # -md / --spec-draft-model: MTP-only sidecar GGUF
+    # context and batching
+    n_ctx: int = 4096  # -c
+    n_parallel: int = 1  # -np
+    n_threads: int | None = None  # -t (None: min(cores, 8))
+    n_batch: int = 2048  # -b: logical batch (prompt chunk per sequence)
+    n_ubatch: int = 512  # -ub: physical batch (never more than -b)
+    # placement
+    n_gpu_layers: int | str | None = 0  # -ngl: N | "all" | "auto"
+    device: str | None = None  # -dev NAME[,NAME]
+    override_tensor: tuple[tuple[str, str], ...] = ()  # -ot PATTERN=DEVICE
+    cpu_moe: bool = False  # -cmoe
+    use_mmap: bool = True  # --no-mmap
+    repack: bool = True  # -nr / --no-repack
+    # caches
+    type_k: str = "f16"  # -ctk
+    type_v: str = "f16"  # -ctv
+    mtp_type_k: str = "f16"  # -ctkd
+    mtp_type_v: str = "f16"  # -ctvd
+    ctx_checkpoints: int = 4  # --ctx-checkpoints: prompt-reuse state copies per slot
+    checkpoint_min_step: int = 512  # tokens between two of them
+    # speculation
+    spec_type: str | None = None  # --spec-type: None/"none" | "draft-mtp"
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    # sampling
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temp=0.0))
+    backend_sampling: bool | None = None  # -bs: None = in the graph unless logits are on CPU
+    draft_backend_sampling: bool = True  # the MTP head's argmax in its graph
+    # the rest
+    load_tokenizer: bool = True
+    progress: bool | None = None  # load progress on stderr (None: when it is a terminal)
+
+    def __post_init__(self) -> None:
+        if min(self.n_ctx, self.n_parallel, self.n_batch, self.n_ubatch) < 1:
+            raise ConfigError(None, "need n_ctx, n_parallel, n_batch, n_ubatch >= 1")
+        if self.n_threads is not None and self.n_threads < 1:
+            raise ConfigError("-t", f"must be >= 1, got {self.n_threads}")
+        for flag, t in (("-ctk", self.type_k), ("-ctv", self.type_v),
+                        ("-ctkd", self.mtp_type_k), ("-ctvd", self.mtp_type_v)):
+            _check_kv_type(flag, t)
+        if self.ctx_checkpoints < 0 or self.checkpoint_min_step < 1:
+            raise ConfigError("--ctx-checkpoints", "need ctx_checkpoints >= 0 and "
+                                "checkpoint_min_step >= 1")
+        if self.spec_type not in (None, "none", "draft-mtp"):
+            raise ConfigError("--spec-type", f"unsupported speculative type "
+                                f"{self.spec_type!r} (none, draft-mtp)")
+        if not isinstance(self.spec, SpecConfig):
+            raise ConfigError(None, "spec must be a SpecConfig")
+        if not isinstance(self.sampling, SamplingParams):
+            raise ConfigError(None, "sampling must be a SamplingParams")
+        # normal forms: one spelling per meaning
+        set_ = object.__setattr__
+        set_(self, "spec_type", "draft-mtp" if self.spec_type == "draft-mtp" else None)
+        set_(self, "n_ubatch", min(self.n_ubatch, self.n_batch))
+        set_(self, "override_tensor", tuple(tuple(p) for p in self.override_tensor))
+        if self.mtp_path is not None:
+            set_(self, "mtp_path", os.fspath(self.mtp_path))
+
+    @property
+    def speculative(self) -> bool:
+        return self.spec_type == "draft-mtp"
+
+    @property
+    def threads(self) -> int:
+        """``n_threads`` or the default: the cores, at most 8."""
+        return self.n_threads or max(1, min(os.cpu_count() or 1, 8))
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with ``changes`` (checked again)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def from_kwargs(cls, **kw: Any) -> EngineConfig:
+        """``Engine(path, **kw)``'s keywords; an unknown one is a TypeError as before."""
+        names = {f.name for f in fields(cls)}
+        bad = sorted(set(kw) - names)
+        if bad:
+            raise TypeError(f"unexpected engine argument(s): {', '.join(bad)}")
+        if kw.get("spec") is None:
+            kw.pop("spec", None)
+        if kw.get("sampling") is None:
+            kw.pop("sampling", None)
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
