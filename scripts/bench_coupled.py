@@ -26,15 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (
-    LlamaServer,
-    add_offload_args,
-    bench_model,
-    bench_prompt,
-    engine_offload_kw,
-    run_child,
-    set_offload,
-)
+import benchlib
 
 N_PROMPT = 32
 
@@ -48,17 +40,17 @@ def on_cycle_prompt(path: Path, seed: int) -> list[int]:
     """A seeded prompt plus its first greedy tokens: the constructed model's logits are
     peaked only along its cycle, so a sampled run starts there (off the cycle every logit is
     ~0 and sampling is uniform over the vocabulary)."""
-    base = bench_prompt(N_PROMPT, path, seed=seed)
+    base = benchlib.bench_prompt(N_PROMPT, path, seed=seed)
     code = f"""
 import json
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 with Engine({str(path)!r}, n_ctx=256, load_tokenizer=False, progress=False
-            {engine_offload_kw()}) as e:
+            {benchlib.engine_offload_kw()}) as e:
     print(json.dumps(e.generate({base!r}, max_tokens=4, ignore_eos=True,
                                 sampling=SamplingParams(temp=0.0)).tokens))
 """
-    return base + list(run_child(code))
+    return base + list(benchlib.run_child(code))
 
 
 def run_llama(path: Path, args: argparse.Namespace, temp: float, prompt: list[int],
@@ -66,7 +58,7 @@ def run_llama(path: Path, args: argparse.Namespace, temp: float, prompt: list[in
     flags = ["-t", str(args.threads), "-c", str(args.ctx), "-np", "1"]
     if n_max:
         flags += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
-    with LlamaServer(path, flags) as srv:
+    with benchlib.LlamaServer(path, flags) as srv:
         srv.complete(prompt[:8], 4)  # warm-up, as our engine warms its graphs
         r = srv.complete(prompt, args.n, **sampling_kw(args, temp, seed))
     t = r["timings"]
@@ -91,9 +83,9 @@ def run_ours(path: Path, args: argparse.Namespace, temp: float, prompt: list[int
 import json
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
-from pyggspec.speculative.loop import SpecConfig
+from pyggspec.config import SpecConfig
 with Engine({str(path)!r}, n_ctx={args.ctx}, n_threads={args.threads}, load_tokenizer=False,
-            progress=False, backend_sampling={bs}{kw}{engine_offload_kw()}) as e:
+            progress=False, backend_sampling={bs}{kw}{benchlib.engine_offload_kw()}) as e:
     e.generate({prompt[:8]!r}, max_tokens=4, ignore_eos=True)  # warm-up
     r = e.generate({prompt!r}, max_tokens={args.n}, ignore_eos=True, sampling={params})
     out = {{"tokens": r.tokens, "tps": r.timings.to_dict()["predicted_per_second"]}}
@@ -102,7 +94,7 @@ with Engine({str(path)!r}, n_ctx={args.ctx}, n_threads={args.threads}, load_toke
         out["stats"] = e.stats.to_dict()
     print(json.dumps(out))
 """
-    return run_child(code)
+    return benchlib.run_child(code)
 
 
 def main() -> int:
@@ -126,9 +118,9 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=96, help="tokens per request")
     ap.add_argument("-c", "--ctx", type=int, default=2048)
     ap.add_argument("-t", "--threads", type=int, default=2)
-    add_offload_args(ap)
+    benchlib.add_offload_args(ap)
     args = ap.parse_args()
-    set_offload(args)
+    benchlib.set_offload(args)
 
     runs = [("ours plain", "ours", None), ("ours coupled", "ours", "coupled"),
             ("ours greedy-draft", "ours", "greedy"), ("llama plain", "llama", 0)]
@@ -139,7 +131,7 @@ def main() -> int:
                      (f"ours coupled {other}", "ours-other", "coupled")]
     table = []
     models = ([(args.model.name, args.model)] if args.model else
-              [(qt, bench_model(args.agreement, qt)) for qt in args.types])
+              [(qt, benchlib.bench_model(args.agreement, qt)) for qt in args.types])
     for qt, path in models:
         prompts = {seed: on_cycle_prompt(path, seed) for seed in args.seeds}
         for temp in args.temps:

@@ -23,20 +23,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (
-    LlamaServer,
-    add_offload_args,
-    bench_model,
-    bench_prompt,
-    engine_offload_kw,
-    run_child,
-    set_offload,
-)
+import benchlib
 
 
 def quantized_models(types: list[str]) -> dict[str, Path]:
     """The F16 0.8B-shaped model (~0.95 agreement) quantized by llama-quantize per type."""
-    return {t: bench_model(0.95, t) for t in types}
+    return {t: benchlib.bench_model(0.95, t) for t in types}
 
 
 def run_llama_server(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
@@ -45,8 +37,8 @@ def run_llama_server(path: Path, n_prompt: int, n_gen: int, threads: int, repack
     flags = ["-t", str(threads), "-c", str(n_prompt + n_gen + 16), "-np", "1"]
     if not repack:
         flags.append("--no-repack")
-    prompt = bench_prompt(n_prompt, path)
-    with LlamaServer(path, flags) as srv:
+    prompt = benchlib.bench_prompt(n_prompt, path)
+    with benchlib.LlamaServer(path, flags) as srv:
         t = srv.complete(prompt, n_gen)["timings"]
     return {"prefill_tps": float(t["prompt_per_second"]),
             "decode_tps": float(t["predicted_per_second"])}
@@ -59,8 +51,8 @@ import json, statistics, time
 from pyggspec.engine import Engine
 with Engine({str(path)!r}, n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, n_batch={n_prompt},
             n_ubatch={n_prompt}, load_tokenizer=False, progress=False, repack={repack}
-            {engine_offload_kw()}) as e:
-    prompt = {bench_prompt(n_prompt, path)!r}
+            {benchlib.engine_offload_kw()}) as e:
+    prompt = {benchlib.bench_prompt(n_prompt, path)!r}
     e.decode({{0: prompt[:8]}}); e.clear(0)                       # warm-up, like llama-bench
     t0 = time.perf_counter(); lg = e.decode({{0: prompt}})[0].logits; t1 = time.perf_counter()
     py = []
@@ -74,7 +66,7 @@ with Engine({str(path)!r}, n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, n_
                       "python_ms": statistics.median(py),
                       "repacked": len(e.weights.repacked())}}))
 """
-    return run_child(code)
+    return benchlib.run_child(code)
 
 
 def main() -> int:
@@ -87,9 +79,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-pyggspec-norepack", action="store_true",
                     help="skip pyggspec's own --no-repack run")
-    add_offload_args(ap)
+    benchlib.add_offload_args(ap)
     args = ap.parse_args()
-    set_offload(args)
+    benchlib.set_offload(args)
     models = ({args.model.name: args.model} if args.model
               else quantized_models(args.types.split(",")))
     runs = [("llama.cpp", True), ("llama.cpp -nr", False), ("pyggspec", True)]

@@ -29,22 +29,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import (
-    LlamaServer,
-    add_offload_args,
-    bench_model,
-    bench_prompt,
-    engine_offload_kw,
-    run_child,
-    set_offload,
-)
+import benchlib
 
 N_PROMPT = 32
 
 
 def prompts(n: int, path: Path) -> list[list[int]]:
     """``n`` distinct seeded prompts inside the model's vocabulary (the same for both engines)."""
-    return [bench_prompt(N_PROMPT, path, seed=i) for i in range(n)]
+    return [benchlib.bench_prompt(N_PROMPT, path, seed=i) for i in range(n)]
 
 
 def run_llama(path: Path, args: argparse.Namespace, P: int, n_max: int, repack: bool) -> dict:
@@ -53,7 +45,7 @@ def run_llama(path: Path, args: argparse.Namespace, P: int, n_max: int, repack: 
         flags += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(n_max)]
     if not repack:
         flags.append("--no-repack")
-    with LlamaServer(path, flags) as srv:
+    with benchlib.LlamaServer(path, flags) as srv:
         srv.complete(prompts(1, path)[0][:8], 4)  # warm-up, as our engine warms its graphs
         res, wall = srv.complete_many(prompts(P, path), args.n)
     tim = [r["timings"] for r in res]
@@ -77,10 +69,10 @@ def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
     code = f"""
 import json, time
 from pyggspec.engine import Engine
-from pyggspec.speculative.loop import SpecConfig
+from pyggspec.config import SpecConfig
 prompts = {prompts(P, path)!r}
 with Engine({str(path)!r}, n_ctx={args.ctx}, n_parallel={P}, n_threads={args.threads},
-            load_tokenizer=False, progress=False{kw}{engine_offload_kw()}) as e:
+            load_tokenizer=False, progress=False{kw}{benchlib.engine_offload_kw()}) as e:
     e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)  # warm-up
     t0 = time.perf_counter()
     res = e.generate_batch(prompts, max_tokens={args.n}, ignore_eos=True)
@@ -95,7 +87,7 @@ with Engine({str(path)!r}, n_ctx={args.ctx}, n_parallel={P}, n_threads={args.thr
         out["stats"] = e.stats.to_dict()
     print(json.dumps(out))
 """
-    return run_child(code)
+    return benchlib.run_child(code)
 
 
 def main() -> int:
@@ -114,9 +106,9 @@ def main() -> int:
                     help="also run pyggspec's default with --spec-draft-head TYPE")
     ap.add_argument("--no-ours-fixed", action="store_true",
                     help="skip pyggspec at fixed n_max (only plain and its default)")
-    add_offload_args(ap)
+    benchlib.add_offload_args(ap)
     args = ap.parse_args()
-    set_offload(args)
+    benchlib.set_offload(args)
     repacks = {"both": [True, False], "on": [True], "off": [False]}[args.llama_repack]
 
     table = []
@@ -133,7 +125,7 @@ def main() -> int:
         runs += [(f"llama plain{tag}", "llama", 0, rp, "")]
         runs += [(f"llama n={k}{tag}", "llama", k, rp, "") for k in args.n_max]
     for agr, qt, given in models:
-        path = given or bench_model(agr, qt)
+        path = given or benchlib.bench_model(agr, qt)
         for P in args.parallel:
             reps: list[dict[str, dict]] = []
             for rep in range(args.reps):

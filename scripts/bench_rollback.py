@@ -17,8 +17,8 @@ from bench_mtp import PROMPT, model_for
 
 
 def run(path, n: int, threads: int, n_max: int, rollback: str) -> dict:
+    from pyggspec.config import SpecConfig
     from pyggspec.engine import Engine
-    from pyggspec.speculative.loop import SpecConfig
 
     with Engine(path, n_ctx=1024, n_threads=threads, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=n_max, rollback=rollback)) as e:

@@ -127,8 +127,8 @@ def models(tmp_path_factory):
 def _gen(path, prompts, n, sampling=None, pinned=None, **spec):
     """``pinned``: costs the policy sees instead of measured ones (choices then depend on
     acceptance only, not on how busy the machine is)."""
+    from pyggspec.config import SpecConfig
     from pyggspec.engine import Engine
-    from pyggspec.speculative.loop import SpecConfig
 
     spec.setdefault("adaptive", True)
     kw = {"spec_type": "draft-mtp", "spec": SpecConfig(**spec)} if len(spec) > 1 else {}

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from pyggspec.cli import main
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import Request
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from tests.test_adaptive_draft import costs
 

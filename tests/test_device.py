@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.ggml import quirks
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import Request
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from pyggspec.testing.oracle import oracle_greedy, rel_err
 from tests.test_trunk_oracle import ours_greedy

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from pyggspec.cli import main
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, qwen35_0_8b, tiny_dense, tiny_moe
 
 

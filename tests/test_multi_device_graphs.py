@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 
 PROMPTS = [[300, 301, 302], [400, 401]]

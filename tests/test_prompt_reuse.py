@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import Request
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 
 P1 = [300 + i for i in range(14)]

@@ -17,11 +17,11 @@ import pytest
 from click.testing import CliRunner
 
 from pyggspec.cli import main
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.ggml import amx_probe
 from pyggspec.ggml.device import cpu_device
 from pyggspec.ggml.repack import extra_buffer_types, supports_weight
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from pyggspec.testing.oracle import OracleModel
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from conftest import write_tiny
 
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.errors import ModelFileError
 from pyggspec.modelfile import HParams, ModelFile
 from pyggspec.models.mtp import MtpBatch
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense
 from pyggspec.testing.oracle import OracleModel, oracle_greedy, rel_err
 from pyggspec.testing.spec import RopeScaling

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from pyggspec.cli import main
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.errors import DeviceError
 from pyggspec.ggml.sched import Scheduler
 from pyggspec.sampling import DeviceSampling, SamplingParams
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense
 
 PROMPTS = [[300, 301, 302], [400, 401]]

@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import QueueFull, Request, RequestError, RequestFailed
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense
 
 PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310], [320, 321, 322, 323]]

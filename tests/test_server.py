@@ -24,10 +24,10 @@ import pytest
 import uvicorn
 from typing_extensions import Self
 
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.server import ServerConfig, create_app
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense
 
 N_PARALLEL = 4

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.chat import CHATML, ChatTemplate
 from pyggspec.serving.model_info import ftype_name
 from pyggspec.serving.server import ServerConfig, create_app
 from pyggspec.serving.template_caps import probe_caps
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense
 
 N_CTX = 256

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from pyggspec.cli import main
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.errors import PyggspecError
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from pyggspec.testing.oracle import OracleModel
 

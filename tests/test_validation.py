@@ -11,13 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from pyggspec.cli import main
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.errors import PyggspecError
 from pyggspec.ggml import buffer, context, device, sched
 from pyggspec.sampling import DeviceSampling, RowInput, SamplerChain, SamplingParams, SamplingPlan
 from pyggspec.sampling import stages as S
 from pyggspec.sampling.chain import run_host
-from pyggspec.speculative.loop import SpecConfig
 from pyggspec.testing import cached_model, tiny_dense
 
 

@@ -253,7 +253,7 @@ class Runner:
     def mtp(self, shape: str, agreement: float, builds: list[str], ours: bool = True) -> None:
         """Greedy MTP speculation at n_max 1-4 and each engine's default, as bench_mtp (one
         request per fresh process); every speculative output checked against plain."""
-        from pyggspec.speculative.loop import SpecConfig
+        from pyggspec.config import SpecConfig
 
         a = self.args
         path = model_path(shape, agreement)
