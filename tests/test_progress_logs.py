@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 BOOT = """
 import sys
 import pyggspec.testing as testing
-import pyggspec.weights as weights
+import pyggspec.weights.load as weights
 testing.qwen35_0_8b = testing.tiny_dense
 weights.PROGRESS_MIN_BYTES = 0
 from pyggspec.cli import main

@@ -111,7 +111,7 @@ def test_mapping_outlives_the_model_file(files):
 
 
 def test_misaligned_mapping_falls_back_to_copy(files, monkeypatch):
-    from pyggspec import weights
+    from pyggspec.weights import load as weights
 
     monkeypatch.setattr(weights, "TENSOR_ALIGNMENT", 1 << 30)  # nothing qualifies
     with open_model(files["dense-q8_0"]) as model, \

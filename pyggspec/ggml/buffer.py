@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING
 
 from pyggspec.errors import DeviceError
 from pyggspec.ggml import _lib
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.device import Device
 from pyggspec.ggml.tensor import Tensor
+
+if TYPE_CHECKING:
+    from pyggspec.ggml.repack import BufferType
 
 USAGE_ANY = 0
 USAGE_WEIGHTS = 1
@@ -60,6 +64,48 @@ class Buffer:
         if usage:
             _lib.lib.ggml_backend_buffer_set_usage(ptr, usage)
         return buf
+
+    @classmethod
+    def in_buffer_type(cls, ctx: Context, buft: BufferType, device: Device, label: str = "",
+                       usage: int = USAGE_ANY) -> Buffer | None:
+        """Allocate every tensor of ``ctx`` in one buffer of ``buft`` (e.g. a CPU extra buffer
+        type, see :mod:`pyggspec.ggml.repack`) on ``device``; None when ggml could not."""
+        ptr = _lib.lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx.ptr, buft.ptr)
+        if ptr == _lib.ffi.NULL:
+            return None
+        buf = cls(ptr, device, label)
+        buf.set_usage(usage)
+        return buf
+
+    @classmethod
+    def from_host_memory(cls, device: Device, addr: int, size: int, max_tensor_size: int,
+                         label: str = "", usage: int = USAGE_ANY) -> Buffer | None:
+        """A buffer of ``device`` (the CPU) over ``size`` bytes of host memory at ``addr``
+        that the caller keeps alive (e.g. a file mapping); nothing is copied. Tensors are
+        placed in it with :meth:`place`. None when the device cannot wrap host memory."""
+        lib, ffi = _lib.lib, _lib.ffi
+        ptr = lib.ggml_backend_dev_buffer_from_host_ptr(device.ptr, ffi.cast("void *", addr),
+                                                        size, max_tensor_size)
+        if ptr == ffi.NULL:
+            return None
+        buf = cls(ptr, device, label)
+        buf.set_usage(usage)
+        return buf
+
+    def place(self, tensor: Tensor, addr: int) -> None:
+        """Allocate the unallocated ``tensor`` at host address ``addr`` inside this buffer
+        (one made by :meth:`from_host_memory`): its data is the bytes already there."""
+        lib = _lib.lib
+        st = lib.ggml_backend_tensor_alloc(self.ptr, tensor.ptr, _lib.ffi.cast("void *", addr))
+        if st != lib.GGML_STATUS_SUCCESS:
+            raise DeviceError(self.device.name, f"could not place '{tensor.name}' in "
+                              f"{self.label or 'the buffer'} (ggml status {int(st)})")
+
+    def set_usage(self, usage: int) -> None:
+        """Tell ggml what the buffer holds (``USAGE_WEIGHTS`` steers the scheduler's choice of
+        backend for ops reading it); ``USAGE_ANY`` (0) leaves it unset."""
+        if usage:
+            _lib.lib.ggml_backend_buffer_set_usage(self.ptr, usage)
 
     def attach(self, tensor: Tensor) -> None:
         """Mark an unallocated ``tensor`` as living in this (placeholder) buffer."""
