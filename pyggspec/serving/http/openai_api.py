@@ -1,0 +1,187 @@
+"""Response bodies: OpenAI chat/completions (whole and streamed) and llama-server's
+``/completion``, built from a finished ``serving.request.Result`` or one ``Event``, and
+llama-server's ``generation_settings``.
+
+Plain functions returning dicts, so the shapes can be read (and tested) in one place. Fields
+follow llama-server: ``timings`` (with ``draft_n`` / ``draft_n_accepted`` when the request
+speculated) next to OpenAI's ``usage`` in every final response and final stream chunk.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyggspec.serving.http.protocol import GenParams
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
+          "cancelled": "stop"}
+STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit",
+             "cancelled": "none"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(result: Any) -> dict[str, Any]:
+    n_prompt = len(result.prompt_tokens)
+    n_gen = len(result.tokens)
+    return {"prompt_tokens": n_prompt, "completion_tokens": n_gen,
+            "total_tokens": n_prompt + n_gen,
+            "prompt_tokens_details": {"cached_tokens": result.timings.cache_n}}
+
+
+def timings(result: Any) -> dict[str, Any]:
+    return result.timings.to_dict()
+
+
+# ---------------------------------------------------------------------------- chat
+def chat_response(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
+    return {
+        "id": rid, "object": "chat.completion", "created": created, "model": model,
+        "system_fingerprint": "pyggspec",
+        "choices": [{"index": 0, "finish_reason": FINISH[result.stop_reason], "logprobs": None,
+                     "message": {"role": "assistant", "content": result.text}}],
+        "usage": usage(result), "timings": timings(result),
+    }
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
+               finish_reason: str | None = None) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": "pyggspec",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
+                         "logprobs": None}]}
+
+
+def chat_final_chunk(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
+    c = chat_chunk(rid, created, model, {}, FINISH[result.stop_reason])
+    c["timings"] = timings(result)
+    return c
+
+
+def usage_chunk(rid: str, created: int, model: str, result: Any, obj: str) -> dict[str, Any]:
+    """``stream_options.include_usage``: one last chunk with no choices and the usage."""
+    return {"id": rid, "object": obj, "created": created, "model": model,
+            "system_fingerprint": "pyggspec", "choices": [], "usage": usage(result),
+            "timings": timings(result)}
+
+
+# ---------------------------------------------------------------------------- completions
+def completion_response(rid: str, created: int, model: str, result: Any,
+                        prefix: str = "") -> dict[str, Any]:
+    return {
+        "id": rid, "object": "text_completion", "created": created, "model": model,
+        "system_fingerprint": "pyggspec",
+        "choices": [{"index": 0, "text": prefix + result.text, "logprobs": None,
+                     "finish_reason": FINISH[result.stop_reason]}],
+        "usage": usage(result), "timings": timings(result),
+    }
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str,
+                     finish_reason: str | None = None) -> dict[str, Any]:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "system_fingerprint": "pyggspec",
+            "choices": [{"index": 0, "text": text, "logprobs": None,
+                         "finish_reason": finish_reason}]}
+
+
+def completion_final_chunk(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
+    """The chunk with ``finish_reason``. It carries ``usage`` whether or not the request
+    asked for ``stream_options.include_usage``: llama-server's ``/v1/completions`` stream
+    ends with its whole final result, usage included (its chat stream does not)."""
+    c = completion_chunk(rid, created, model, "", FINISH[result.stop_reason])
+    c["usage"] = usage(result)
+    c["timings"] = timings(result)
+    return c
+
+
+# ---------------------------------------------------------------------------- llama-server
+def llama_completion(model: str, result: Any, settings: dict[str, Any], prompt: Any,
+                     return_tokens: bool, n_ctx: int) -> dict[str, Any]:
+    """llama-server's ``/completion`` result (the final stream chunk has the same fields,
+    with ``content`` empty)."""
+    n_prompt = len(result.prompt_tokens)
+    return {
+        "index": 0, "content": result.text,
+        "tokens": list(result.tokens) if return_tokens else [],
+        "id_slot": result.slot, "stop": True, "model": model,
+        "tokens_predicted": len(result.tokens), "tokens_evaluated": n_prompt,
+        "generation_settings": settings, "prompt": prompt,
+        "has_new_line": "\n" in result.text,
+        "truncated": result.stop_reason == "context" or n_prompt + len(result.tokens) > n_ctx,
+        "stop_type": STOP_TYPE[result.stop_reason],
+        "stopping_word": result.stop_word or "",
+        "tokens_cached": result.timings.cache_n + result.timings.prompt_n + len(result.tokens),
+        "timings": timings(result),
+    }
+
+
+def llama_chunk(text: str, tokens: list[int], slot: int) -> dict[str, Any]:
+    return {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": slot}
+
+
+def model_card(model_id: str, created: int, meta: dict[str, Any]) -> dict[str, Any]:
+    """One ``/v1/models`` ``data[]`` entry (OpenAI's card with llama-server's extras)."""
+    return {"id": model_id, "aliases": [], "tags": [], "object": "model", "created": created,
+            "owned_by": "pyggspec", "meta": meta}
+
+
+def ollama_model_entry(model_id: str) -> dict[str, Any]:
+    """``/v1/models`` ``models[]``: the Ollama-style list llama-server sends beside OpenAI's
+    ``data`` (some UIs read only this one); its fields, with llama-server's placeholders."""
+    return {"name": model_id, "model": model_id, "modified_at": "", "size": "", "digest": "",
+            "type": "model", "description": "", "tags": [""], "capabilities": ["completion"],
+            "parameters": "",
+            "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
+                        "parameter_size": "", "quantization_level": ""}}
+
+
+def generation_settings(gen: GenParams, *, n_ctx: int, model_id: str, speculative: bool,
+                        n_max: int, backend_sampling: bool) -> dict[str, Any]:
+    """llama-server's ``generation_settings`` (the values a request runs with): its fields
+    in its order, then pyggspec's. Samplers pyggspec does not implement (dynatemp,
+    top-n-sigma, XTC, DRY, mirostat, adaptive-p) are reported in llama.cpp's disabled
+    state, which is the state they run in here. ``speculative``: whether the server
+    speculates at all; the request may turn it off."""
+    s = gen.sampling
+    n_predict = -1 if gen.max_tokens is None else gen.max_tokens
+    spec = speculative if gen.speculative is None else gen.speculative and speculative
+    return {
+        "seed": s.seed, "temperature": s.temp, "dynatemp_range": 0.0,
+        "dynatemp_exponent": 1.0, "top_k": s.top_k, "top_p": s.top_p, "min_p": s.min_p,
+        "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
+        "typical_p": s.typical_p, "repeat_last_n": s.repeat_last_n,
+        "repeat_penalty": s.repeat_penalty, "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty, "dry_multiplier": 0.0, "dry_base": 1.75,
+        "dry_allowed_length": 2, "dry_penalty_last_n": 64,
+        "dry_sequence_breakers": ["\n", ":", "\"", "*"], "mirostat": 0,
+        "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0,
+        "adaptive_decay": 0.9, "stop": list(gen.stop), "max_tokens": n_predict,
+        "n_predict": n_predict, "n_keep": 0, "n_discard": 0,
+        "ignore_eos": gen.ignore_eos, "stream": gen.stream,
+        # llama-server's {"bias", "token"} objects; a ban (-inf) as false, the value a
+        # request bans a token with (JSON has no -inf)
+        "logit_bias": [{"bias": b if math.isfinite(b) else False, "token": t}
+                       for t, b in s.logit_bias],
+        "n_probs": 0, "min_keep": 0, "grammar": "", "grammar_lazy": False,
+        "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
+        "reasoning_format": "none", "reasoning_in_content": False,
+        "generation_prompt": "", "samplers": list(s.samplers),
+        "speculative.types": "draft-mtp" if spec else "none",
+        "timings_per_token": False, "post_sampling_probs": False,
+        "backend_sampling": backend_sampling,
+        "lora": [],
+        # pyggspec's own
+        "n_ctx": n_ctx, "model": model_id, "speculative": spec,
+        "speculative.n_max": n_max,
+    }

@@ -1,0 +1,477 @@
+"""Request bodies -> validated generation parameters, and OpenAI-style error bodies.
+
+Why by hand and not a schema library: every bad value must become one HTTP 400 whose message
+names the JSON field and says what was expected (``'top_p' must be between 0 and 1, got
+2``), with llama-server's field names and aliases (``n_predict`` / ``max_tokens``, token-id
+prompts, ``logit_bias`` as a list or an object). Range checks are the sampler's own
+(:class:`~pyggspec.sampling.SamplingParams`), so the server accepts exactly what ``run``
+accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyggspec.sampling import SamplingParams
+from pyggspec.sampling.params import DEFAULT_SEED, SamplingParamError, parse_samplers
+
+# HTTP status -> error type, as llama-server names them (OpenAI's shapes)
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+               404: "not_found_error", 413: "invalid_request_error", 500: "server_error",
+               501: "not_supported_error", 503: "unavailable_error"}
+
+# SamplingParams' CLI flag -> the JSON field a request sets it with
+_FLAG_FIELD = {"--temp": "temperature", "--top-k": "top_k", "--top-p": "top_p",
+               "--min-p": "min_p", "--typical": "typical_p", "--repeat-penalty": "repeat_penalty",
+               "--repeat-last-n": "repeat_last_n", "--presence-penalty": "presence_penalty",
+               "--frequency-penalty": "frequency_penalty", "--seed": "seed",
+               "--samplers": "samplers", "--logit-bias": "logit_bias"}
+
+
+class ApiError(Exception):
+    """An HTTP error with an OpenAI-style body ``{"error": {"message", "type", "code",
+    "param"}}``; ``code`` is the HTTP status, as llama-server sends it."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type: str | None = None, extra: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type or ERROR_TYPES.get(status, "server_error")
+        self.extra = dict(extra or {})
+
+    def body(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"message": self.message, "type": self.type, "param": self.param,
+                               "code": self.status}
+        err.update(self.extra)
+        return {"error": err}
+
+
+def invalid(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def context_error(n_prompt: int, n_ctx: int, room: bool) -> ApiError:
+    """llama-server's ``exceed_context_size_error`` (400) with its two extra fields."""
+    what = ("does not fit" if not room else "leaves no room to generate in")
+    return ApiError(400, f"the request ({n_prompt} tokens) {what} the context size "
+                    f"({n_ctx} tokens); shorten it or raise -c", param="prompt",
+                    type="exceed_context_size_error",
+                    extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
+
+
+# ---------------------------------------------------------------------------- JSON values
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; anything else is a 400 naming the problem."""
+    if not raw.strip():
+        raise invalid("the request body is empty; expected a JSON object")
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise invalid("the request body is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise invalid(f"the request body is not valid JSON: {e.msg} at line {e.lineno} "
+                      f"column {e.colno}") from None
+    if not isinstance(body, dict):
+        raise invalid(f"the request body must be a JSON object, got {_kind(body)}")
+    try:  # JSON may escape lone surrogates (\ud800) that no tokenizer can take
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("the request holds a string with an unpaired surrogate (\\ud800-"
+                      "\\udfff escape); it is not valid Unicode") from None
+    return body
+
+
+async def read_body(request: Any) -> dict[str, Any]:
+    """:func:`parse_body` of an HTTP request (anything with an async ``body()``)."""
+    return parse_body(await request.body())
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+def get_bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise invalid(f"'{key}' must be a boolean, got {_kind(v)}", key)
+    return v
+
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def get_int(body: Mapping[str, Any], key: str, default: int | None,
+            lo: int | None = INT32_MIN, hi: int | None = INT32_MAX) -> int | None:
+    """An integer field within ``lo..hi`` (llama-server reads its integer fields as int32,
+    so that is the default range: a larger value would otherwise reach a sampler or a
+    buffer size and fail there, as a 500, instead of here as a 400)."""
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+        v = int(v)  # JSON clients write 5.0 for 5
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise invalid(f"'{key}' must be an integer, got {_kind(v)}", key)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise invalid(f"'{key}' must be between {lo} and {hi}, got {v}", key)
+    return v
+
+
+def get_float(body: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise invalid(f"'{key}' must be a number, got {_kind(v)}", key)
+    if not math.isfinite(v) or abs(v) > FLOAT32_MAX:
+        # llama-server reads these as float32: beyond its range a value is +-inf there and
+        # overflows the samplers' float32 arithmetic here
+        raise invalid(f"'{key}' must be a finite number (float32 range), got {v}", key)
+    return float(v)
+
+
+def get_str(body: Mapping[str, Any], key: str, default: str | None) -> str | None:
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise invalid(f"'{key}' must be a string, got {_kind(v)}", key)
+    return v
+
+
+# ---------------------------------------------------------------------------- sampling
+def parse_sampling(body: Mapping[str, Any], defaults: SamplingParams,
+                   n_vocab: int) -> SamplingParams:
+    """The request's sampler settings over the server's defaults (``--temp`` etc.)."""
+    ch: dict[str, Any] = {}
+    for key, name in (("temperature", "temp"), ("top_p", "top_p"), ("min_p", "min_p"),
+                      ("typical_p", "typical_p"), ("repeat_penalty", "repeat_penalty"),
+                      ("presence_penalty", "presence_penalty"),
+                      ("frequency_penalty", "frequency_penalty")):
+        v = get_float(body, key, None)
+        if v is not None:
+            ch[name] = v
+    for key in ("top_k", "repeat_last_n"):
+        v = get_int(body, key, None)
+        if v is not None:
+            ch[key] = v
+    if ch.get("repeat_last_n", 0) == -1:
+        ch["repeat_last_n"] = 64  # llama.cpp: -1 = context size; we keep its default window
+    seed = get_int(body, "seed", None, lo=None, hi=None)
+    if seed is not None:
+        if seed == -1:
+            seed = DEFAULT_SEED
+        if not 0 <= seed < 2**64:
+            raise invalid(f"'seed' must be -1 (random) or in 0..2^64-1, got {seed}", "seed")
+        ch["seed"] = seed
+    if body.get("samplers") is not None:
+        ch["samplers"] = _samplers(body["samplers"])
+    if body.get("logit_bias") is not None:
+        ch["logit_bias"] = _logit_bias(body["logit_bias"], n_vocab)
+    try:
+        params = dataclasses.replace(defaults, **ch)
+        params.check_vocab(n_vocab)
+    except SamplingParamError as e:
+        key = _FLAG_FIELD.get(e.where or "", e.where)
+        raise invalid(f"'{key}' {e.message}", key) from None
+    return params
+
+
+def _samplers(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        names = v
+    elif isinstance(v, list) and all(isinstance(x, str) for x in v):
+        names = ";".join(v)
+    else:
+        raise invalid("'samplers' must be an array of sampler names", "samplers")
+    try:
+        return parse_samplers(names)
+    except ValueError as e:
+        raise invalid(f"'samplers': {e}", "samplers") from None
+
+
+def _bias_value(v: Any) -> float:
+    if v is False:
+        return -math.inf  # llama-server: false bans the token
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
+        raise invalid("'logit_bias' values must be numbers (or false to ban a token)",
+                      "logit_bias")
+    return float(v)
+
+
+def _logit_bias(v: Any, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token_id": bias}`` or llama-server's ``[[token_id, bias], ...]``."""
+    out: list[tuple[int, float]] = []
+    if isinstance(v, dict):
+        items = list(v.items())
+    elif isinstance(v, list):
+        items = []
+        for el in v:
+            if not (isinstance(el, list) and len(el) == 2):
+                raise invalid("'logit_bias' as an array holds [token_id, bias] pairs",
+                              "logit_bias")
+            items.append((el[0], el[1]))
+    else:
+        raise invalid(f"'logit_bias' must be an object or an array, got {_kind(v)}",
+                      "logit_bias")
+    for tok, bias in items:
+        if isinstance(tok, str):
+            try:
+                tok = int(tok)
+            except ValueError:
+                raise invalid(f"'logit_bias' keys are token ids, got {tok!r}",
+                              "logit_bias") from None
+        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < n_vocab:
+            raise invalid(f"'logit_bias' token {tok!r} is not an id in 0..{n_vocab - 1}",
+                          "logit_bias")
+        b = _bias_value(bias)
+        if b == math.inf:
+            raise invalid("'logit_bias' values must be finite (or false to ban a token)",
+                          "logit_bias")
+        out.append((tok, b))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------- generation
+@dataclass
+class GenParams:
+    """One generation as the server understands it, before it is tokenized and queued."""
+
+    sampling: SamplingParams
+    max_tokens: int | None  # None: until end of generation or the context is full
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    speculative: bool | None = None  # None: the server's setting
+    n_draft_max: int | None = None  # "speculative.n_max": fewer drafts per step than -n-max
+    return_tokens: bool = False
+    echo: bool = False
+
+
+MAX_STOP = 16
+
+
+def parse_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    v = body.get("stop")
+    if v is None:
+        return ()
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise invalid("'stop' must be a string or an array of strings", "stop")
+    if len(v) > MAX_STOP:
+        raise invalid(f"'stop' takes at most {MAX_STOP} strings, got {len(v)}", "stop")
+    return tuple(s for s in v if s)
+
+
+def parse_max_tokens(body: Mapping[str, Any], default: int | None) -> int | None:
+    """``n_predict`` (llama-server, wins), else ``max_completion_tokens`` / ``max_tokens``
+    (OpenAI); -1 means no limit but the context."""
+    for key in ("n_predict", "max_completion_tokens", "max_tokens"):
+        v = get_int(body, key, None)
+        if v is None:
+            continue
+        if v == -1:
+            return None
+        if v < 0:
+            raise invalid(f"'{key}' must be >= 0 (or -1 for no limit), got {v}", key)
+        return v
+    return default
+
+
+# llama-server request fields that pyggspec accepts but does not act on (samplers it does not
+# implement, context-shift and cache-reuse knobs, output extras), by the JSON type
+# llama-server's schema reads them as. They are type-checked so a client mistake is a 400
+# naming the field, as llama-server answers it, rather than silently dropped.
+_NUMBER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
+                  "xtc_threshold", "dry_multiplier", "dry_base", "mirostat_tau", "mirostat_eta",
+                  "adaptive_target", "adaptive_decay", "speculative.p_min", "t_max_prompt_ms")
+_INT_FIELDS = ("n_keep", "n_discard", "n_indent", "n_cache_reuse", "min_keep",
+               "dry_allowed_length", "dry_penalty_last_n", "t_max_predict_ms",
+               "sse_ping_interval", "speculative.n_min", "speculative.ngram_size_n",
+               "speculative.ngram_size_m", "speculative.ngram_min_hits",
+               "reasoning_budget_tokens", "id_slot")
+_BOOL_FIELDS = ("timings_per_token", "return_progress", "post_sampling_probs", "verbose",
+                "backend_sampling", "parse_tool_calls", "grammar_lazy", "reasoning_control",
+                "cache_prompt", "parallel_tool_calls", "add_generation_prompt")
+_STR_FIELDS = ("reasoning_format", "chat_parser", "generation_prompt", "speculative.type",
+               "user")
+
+
+def check_known_fields(body: Mapping[str, Any]) -> None:
+    """Type checks for the llama-server / OpenAI fields listed above (HTTP 400 on a wrong
+    type; the value itself is not used)."""
+    for key in _NUMBER_FIELDS:
+        get_float(body, key, None)
+    for key in _INT_FIELDS:
+        get_int(body, key, None, lo=None, hi=None)
+    for key in _BOOL_FIELDS:
+        get_bool(body, key, False)
+    for key in _STR_FIELDS:
+        get_str(body, key, None)
+
+
+def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
+              default_max_tokens: int | None) -> GenParams:
+    """Everything but the prompt: sampling, limits, stop strings, streaming, extensions."""
+    n = get_int(body, "n", 1)
+    if n != 1:
+        raise ApiError(400, f"'n' must be 1 (one choice per request), got {n}", param="n")
+    for key in ("logprobs", "top_logprobs", "n_probs"):
+        v = body.get(key)
+        if v not in (None, False, 0):
+            raise ApiError(400, f"'{key}' is not supported by pyggspec serve", param=key,
+                           type="not_supported_error")
+    for key in ("grammar", "json_schema", "tools", "functions", "mirostat"):
+        if body.get(key) not in (None, [], "", 0):
+            raise ApiError(400, f"'{key}' is not supported by pyggspec serve", param=key,
+                           type="not_supported_error")
+    rf = body.get("response_format")
+    if rf is not None and (not isinstance(rf, dict) or rf.get("type") not in ("text",)):
+        raise ApiError(400, "'response_format' other than {\"type\": \"text\"} is not "
+                       "supported by pyggspec serve", param="response_format",
+                       type="not_supported_error")
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise invalid("'stream_options' must be an object", "stream_options")
+    include_usage = get_bool(so or {}, "include_usage", False)
+    spec = body.get("speculative")
+    if spec is not None and not isinstance(spec, bool):
+        raise invalid(f"'speculative' must be a boolean, got {_kind(spec)}", "speculative")
+    check_known_fields(body)
+    n_draft = get_int(body, "speculative.n_max", None)
+    if n_draft is not None and n_draft < 0:
+        raise invalid(f"'speculative.n_max' must be >= 0, got {n_draft}", "speculative.n_max")
+    return GenParams(
+        n_draft_max=n_draft,
+        sampling=parse_sampling(body, defaults, n_vocab),
+        max_tokens=parse_max_tokens(body, default_max_tokens),
+        stop=parse_stop(body),
+        ignore_eos=get_bool(body, "ignore_eos", False),
+        stream=get_bool(body, "stream", False),
+        include_usage=include_usage,
+        speculative=spec,
+        return_tokens=get_bool(body, "return_tokens", False),
+        echo=get_bool(body, "echo", False),
+    )
+
+
+# ---------------------------------------------------------------------------- prompts
+def parse_prompt(body: Mapping[str, Any], n_vocab: int, key: str = "prompt") -> list[Any]:
+    """llama-server's prompt shapes, flattened to one prompt: a string, token ids, or a mix
+    (``[12, "text", 34]``); several prompts in one request are refused (one result each)."""
+    if key not in body or body[key] is None:
+        raise invalid(f"'{key}' is required", key)
+    p = body[key]
+    if isinstance(p, str):
+        return [p]
+    if isinstance(p, list):
+        if len(p) == 1 and isinstance(p[0], (list, str)):
+            p = p[0] if isinstance(p[0], list) else [p[0]]
+        if any(isinstance(x, list) for x in p) or (len(p) > 1 and all(isinstance(x, str)
+                                                                       for x in p)):
+            raise invalid(f"'{key}' holds several prompts; send one per request", key)
+        out: list[Any] = []
+        for x in p:
+            if isinstance(x, str):
+                out.append(x)
+            elif isinstance(x, int) and not isinstance(x, bool):
+                if not 0 <= x < n_vocab:
+                    raise invalid(f"'{key}' token id {x} is outside the vocabulary "
+                                  f"(0..{n_vocab - 1})", key)
+                out.append(x)
+            else:
+                raise invalid(f"'{key}' must be a string, token ids, or a mix of both", key)
+        if not out:
+            raise invalid(f"'{key}' is empty", key)
+        return out
+    raise invalid(f"'{key}' must be a string or an array of token ids, got {_kind(p)}", key)
+
+
+def parse_token_list(body: Mapping[str, Any], key: str, n_vocab: int) -> list[int]:
+    v = body.get(key)
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise invalid(f"'{key}' must be an array of token ids, got {_kind(v)}", key)
+    out = []
+    for t in v:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab:
+            raise invalid(f"'{key}' holds {t!r}, not a token id in 0..{n_vocab - 1}", key)
+        out.append(t)
+    return out
+
+
+# ---------------------------------------------------------------------------- chat messages
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """OpenAI chat messages with text content: content parts are joined into one string
+    (templates expect strings); images and audio are refused (no vision here)."""
+    msgs = body.get("messages")
+    if msgs is None:
+        raise invalid("'messages' is required", "messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise invalid("'messages' must be a non-empty array of messages", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise invalid(f"'{where}' must be an object, got {_kind(m)}", where)
+        role = m.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise invalid(f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}",
+                          f"{where}.role")
+        content = m.get("content")
+        if isinstance(content, list):
+            content = _join_parts(content, f"{where}.content")
+        elif content is None:
+            if role != "assistant":
+                raise invalid(f"'{where}.content' is required for role {role}",
+                              f"{where}.content")
+            content = ""
+        elif not isinstance(content, str):
+            raise invalid(f"'{where}.content' must be a string or an array of text parts, "
+                          f"got {_kind(content)}", f"{where}.content")
+        msg: dict[str, Any] = {"role": role, "content": content}
+        for k in ("name", "tool_call_id", "reasoning_content"):
+            if isinstance(m.get(k), str):
+                msg[k] = m[k]
+        out.append(msg)
+    return out
+
+
+def _join_parts(parts: Sequence[Any], where: str) -> str:
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, dict) else _kind(part)
+            raise ApiError(400, f"'{where}[{j}]' is {kind!r} content; only text is supported",
+                           param=where, type="not_supported_error")
+        t = part.get("text")
+        if not isinstance(t, str):
+            raise invalid(f"'{where}[{j}].text' must be a string", where)
+        texts.append(t)
+    return "\n".join(texts)
