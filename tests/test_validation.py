@@ -17,7 +17,7 @@ from pyggspec.errors import PyggspecError
 from pyggspec.ggml import buffer, context, device, sched
 from pyggspec.sampling import DeviceSampling, RowInput, SamplerChain, SamplingParams, SamplingPlan
 from pyggspec.sampling import stages as S
-from pyggspec.sampling.chain import run_host
+from pyggspec.sampling.host import run_host
 from pyggspec.testing import cached_model, tiny_dense
 
 

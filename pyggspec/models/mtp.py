@@ -196,13 +196,11 @@ class MtpGraph:
             if plan is not None:
                 # coupled drafts: the rows' sampler chains (with the target's noise for each
                 # token) in the graph; the logits stay an output for a host fallback
-                from pyggspec.sampling import DeviceSampling
-
                 if logits.ne[0] < plan.n_vocab:
                     logits = _pad_vocab(ctx, logits, plan.n_vocab)
                 self.logits = logits.set_output()
                 graph.expand(logits)
-                self.sampling = DeviceSampling.build(ctx, graph, logits, plan, 1)
+                self.sampling = plan.build(ctx, graph, logits, 1)
                 self.ids = b.cb(ctx.argmax(logits), "mtp_argmax").set_output()
                 graph.expand(self.ids)
             elif shape.device_argmax:

@@ -115,11 +115,8 @@ class TargetGraph:
             graph.expand(self.logits)
             self.sampling = None
             if plan is not None:  # the chain's device prefix: candidates or ids come back
-                from pyggspec.sampling import DeviceSampling
-
                 rows_per_seq = shape.n_outputs // B if shape.n_outputs % B == 0 else 1
-                self.sampling = DeviceSampling.build(ctx, graph, self.logits, plan,
-                                                     rows_per_seq)
+                self.sampling = plan.build(ctx, graph, self.logits, rows_per_seq)
             # h_nextn is an output whether or not this shape reads it: ggml's allocator
             # reuses the previous graph's layout for a graph of the same structure without
             # looking at output flags, so two graphs that differ only in reading h_nextn

@@ -62,24 +62,20 @@ API
     ``snapshot``/``restore``); ``sample_host(chain, logits_row, prefix=())``;
     ``plan_chain(params, device, n_vocab, n_rows, backend_sampling)`` (``plan_chains`` for
     several sequences sharing one graph);
-    ``DeviceSampling.build(ctx, graph, logits, plan, rows_per_seq)`` then per step
+    ``plan.build(ctx, graph, logits, rows_per_seq)`` (a :class:`DeviceSampling`) then per step
     ``set_inputs(rows)`` before compute and ``finish_host(rows)`` after it, with ``rows`` a
     list of ``RowInput(chain, prefix)`` (prefix = drafts before that verify row).
+
+Modules
+    ``params`` (SamplingParams), ``stages`` (each stage's host and graph version), ``noise``
+    (the Gumbel noise), ``chain`` (SamplerChain, RowInput), ``host`` (host sampling),
+    ``plan`` (planning), ``graph`` (the device part), ``stats``, ``session`` (the chains of
+    the sequences in the slots).
 """
 
-from pyggspec.sampling.chain import (
-    ChainState,
-    DeviceSampling,
-    RowInput,
-    SamplerChain,
-    SamplingPlan,
-    SamplingStats,
-    finish_host,
-    force_unsupported,
-    plan_chain,
-    plan_chains,
-    sample_host,
-)
+from pyggspec.sampling.chain import ChainState, RowInput, SamplerChain
+from pyggspec.sampling.graph import DeviceSampling, finish_host
+from pyggspec.sampling.host import sample_host
 from pyggspec.sampling.params import (
     DEFAULT_SAMPLERS,
     SamplingOptions,
@@ -87,7 +83,9 @@ from pyggspec.sampling.params import (
     graph_sampling,
     sampling_options,
 )
+from pyggspec.sampling.plan import SamplingPlan, force_unsupported, plan_chain, plan_chains
 from pyggspec.sampling.stages import gumbel_noise
+from pyggspec.sampling.stats import SamplingStats
 
 __all__ = [
     "DEFAULT_SAMPLERS",

@@ -1,0 +1,53 @@
+"""The host side of a sampler chain: running stages on float32 logits in numpy (the whole
+chain, or the suffix after a graph prefix), and a token's probability under the chain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pyggspec.sampling import stages as S
+
+if TYPE_CHECKING:
+    from pyggspec.sampling.chain import SamplerChain
+
+
+def run_host(stages: Sequence[S.Stage], cand: S.Cand, row: S.RowCtx) -> int:
+    """Run stages on the host until the terminal one picks the token."""
+    for st in stages:
+        out = st.host(cand, row)
+        if isinstance(out, int):
+            return out
+        cand = out
+    raise AssertionError("chain without a terminal stage")  # pragma: no cover
+
+
+def sample_host(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[int] = ()) -> int:
+    """The whole chain on the host for one row of float32 logits (does not accept)."""
+    row = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+    if row.shape[0] != chain.n_vocab:
+        raise ValueError(f"logits row has {row.shape[0]} entries, vocabulary is {chain.n_vocab}")
+    return run_host(chain.stages, S.Cand(None, row), chain.row(prefix))
+
+
+def chain_probability(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[int],
+                      token: int) -> float:
+    """The probability of ``token`` under the chain's distribution for this row: softmax of
+    the logits after every filter and the temperature (what ``dist`` samples from); for a
+    greedy chain, 1 for its choice. Host only (used for draft ``p_min``)."""
+    row = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+    cand = S.Cand(None, row)
+    rc = chain.row(prefix)
+    for st in chain.stages[:-1]:
+        cand = st.host(cand, rc)
+    c = cand.finite()
+    if len(c.logits) == 0:
+        return 0.0
+    if chain.stages[-1].name == "greedy":
+        return 1.0 if S.argmax_lowest(c) == token else 0.0
+    ids = c.id_array()
+    w = np.exp(c.logits.astype(np.float64) - float(c.logits.max()))
+    hit = w[ids == token]
+    return float(hit.sum() / w.sum()) if hit.size else 0.0
