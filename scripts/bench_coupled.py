@@ -41,16 +41,11 @@ def on_cycle_prompt(path: Path, seed: int) -> list[int]:
     peaked only along its cycle, so a sampled run starts there (off the cycle every logit is
     ~0 and sampling is uniform over the vocabulary)."""
     base = benchlib.bench_prompt(N_PROMPT, path, seed=seed)
-    code = f"""
-import json
-from pyggspec.engine import Engine
-from pyggspec.sampling import SamplingParams
-with Engine({str(path)!r}, n_ctx=256, load_tokenizer=False, progress=False
-            {benchlib.engine_offload_kw()}) as e:
-    print(json.dumps(e.generate({base!r}, max_tokens=4, ignore_eos=True,
-                                sampling=SamplingParams(temp=0.0)).tokens))
+    body = f"""
+out = {{"tokens": e.generate({base!r}, max_tokens=4, ignore_eos=True,
+                            sampling=SamplingParams(temp=0.0)).tokens}}
 """
-    return base + list(benchlib.run_child(code))
+    return base + benchlib.run_engine(path, "n_ctx=256", body)["tokens"]
 
 
 def run_llama(path: Path, args: argparse.Namespace, temp: float, prompt: list[int],
@@ -79,22 +74,13 @@ def run_ours(path: Path, args: argparse.Namespace, temp: float, prompt: list[int
               f"n_max={args.ours_n_max}, draft_sampling={draft_sampling!r})")
     params = (f"SamplingParams(temp={temp}, top_k={args.top_k}, top_p={args.top_p}, "
               f"min_p={args.min_p}, seed={seed})")
-    code = f"""
-import json
-from pyggspec.engine import Engine
-from pyggspec.sampling import SamplingParams
-from pyggspec.config import SpecConfig
-with Engine({str(path)!r}, n_ctx={args.ctx}, n_threads={args.threads}, load_tokenizer=False,
-            progress=False, backend_sampling={bs}{kw}{benchlib.engine_offload_kw()}) as e:
-    e.generate({prompt[:8]!r}, max_tokens=4, ignore_eos=True)  # warm-up
-    r = e.generate({prompt!r}, max_tokens={args.n}, ignore_eos=True, sampling={params})
-    out = {{"tokens": r.tokens, "tps": r.timings.to_dict()["predicted_per_second"]}}
-    if e.spec_type:
-        out["accept"] = e.stats.acceptance
-        out["stats"] = e.stats.to_dict()
-    print(json.dumps(out))
+    body = f"""
+e.generate({prompt[:8]!r}, max_tokens=4, ignore_eos=True)  # warm-up
+r = e.generate({prompt!r}, max_tokens={args.n}, ignore_eos=True, sampling={params})
+out = {{"tokens": r.tokens, "tps": r.timings.to_dict()["predicted_per_second"]}}
 """
-    return benchlib.run_child(code)
+    return benchlib.run_engine(path, f"n_ctx={args.ctx}, n_threads={args.threads}, "
+                               f"backend_sampling={bs}{kw}", body)
 
 
 def main() -> int:

@@ -46,27 +46,22 @@ def run_llama_server(path: Path, n_prompt: int, n_gen: int, threads: int, repack
 
 def run_pyggspec(path: Path, n_prompt: int, n_gen: int, threads: int, repack: bool) -> dict:
     """In a child process, like llama-bench (its memory and threads gone afterwards)."""
-    code = f"""
-import json, statistics, time
-from pyggspec.engine import Engine
-with Engine({str(path)!r}, n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, n_batch={n_prompt},
-            n_ubatch={n_prompt}, load_tokenizer=False, progress=False, repack={repack}
-            {benchlib.engine_offload_kw()}) as e:
-    prompt = {benchlib.bench_prompt(n_prompt, path)!r}
-    e.decode({{0: prompt[:8]}}); e.clear(0)                       # warm-up, like llama-bench
-    t0 = time.perf_counter(); lg = e.decode({{0: prompt}})[0].logits; t1 = time.perf_counter()
-    py = []
-    t2 = time.perf_counter()
-    t = int(lg[-1].argmax())  # decode after the prompt, as the server's request does
-    for _ in range({n_gen}):
-        t = int(e.step(0, t).argmax())
-        py.append(e.target.last_python_ms)
-    t3 = time.perf_counter()
-    print(json.dumps({{"prefill_tps": {n_prompt} / (t1 - t0), "decode_tps": {n_gen} / (t3 - t2),
-                      "python_ms": statistics.median(py),
-                      "repacked": len(e.weights.repacked())}}))
+    body = f"""
+prompt = {benchlib.bench_prompt(n_prompt, path)!r}
+e.decode({{0: prompt[:8]}}); e.clear(0)                       # warm-up, like llama-bench
+t0 = time.perf_counter(); lg = e.decode({{0: prompt}})[0].logits; t1 = time.perf_counter()
+py = []
+t2 = time.perf_counter()
+t = int(lg[-1].argmax())  # decode after the prompt, as the server's request does
+for _ in range({n_gen}):
+    t = int(e.step(0, t).argmax())
+    py.append(e.target.last_python_ms)
+t3 = time.perf_counter()
+out = {{"prefill_tps": {n_prompt} / (t1 - t0), "decode_tps": {n_gen} / (t3 - t2),
+       "python_ms": statistics.median(py), "repacked": len(e.weights.repacked())}}
 """
-    return benchlib.run_child(code)
+    return benchlib.run_engine(path, f"n_ctx={n_prompt + n_gen + 8}, n_threads={threads}, "
+                               f"n_batch={n_prompt}, n_ubatch={n_prompt}, repack={repack}", body)
 
 
 def main() -> int:

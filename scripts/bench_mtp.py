@@ -66,28 +66,19 @@ def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
         cfg = "SpecConfig(" + (f"n_max={n_max}, " if n_max else "") + (
             f"draft_head={draft_head!r}" if draft_head else "") + ")"
         kw = f", spec_type='draft-mtp', spec={cfg}"
-    code = f"""
-import json, time
-from pyggspec.engine import Engine
-from pyggspec.config import SpecConfig
+    body = f"""
 prompts = {prompts(P, path)!r}
-with Engine({str(path)!r}, n_ctx={args.ctx}, n_parallel={P}, n_threads={args.threads},
-            load_tokenizer=False, progress=False{kw}{benchlib.engine_offload_kw()}) as e:
-    e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)  # warm-up
-    t0 = time.perf_counter()
-    res = e.generate_batch(prompts, max_tokens={args.n}, ignore_eos=True)
-    wall = time.perf_counter() - t0
-    t = res[0].timings.to_dict()
-    out = {{"tokens": [r.tokens for r in res], "python_ms": t["python_ms_per_step"],
-           "tps": t["predicted_per_second"] if {P} == 1 else
-                  sum(len(r.tokens) for r in res) / wall}}
-    if e.spec_type:
-        out["accept"] = e.stats.acceptance
-        out["mean_len"] = e.stats.mean_accepted_length
-        out["stats"] = e.stats.to_dict()
-    print(json.dumps(out))
+e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)  # warm-up
+t0 = time.perf_counter()
+res = e.generate_batch(prompts, max_tokens={args.n}, ignore_eos=True)
+wall = time.perf_counter() - t0
+t = res[0].timings.to_dict()
+out = {{"tokens": [r.tokens for r in res], "python_ms": t["python_ms_per_step"],
+       "tps": t["predicted_per_second"] if {P} == 1 else
+              sum(len(r.tokens) for r in res) / wall}}
 """
-    return benchlib.run_child(code)
+    return benchlib.run_engine(path, f"n_ctx={args.ctx}, n_parallel={P}, "
+                               f"n_threads={args.threads}{kw}", body)
 
 
 def main() -> int:

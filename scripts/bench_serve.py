@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -37,14 +36,12 @@ from typing_extensions import Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
-from benchlib import CACHE, add_offload_args, free_port, llama_offload_flags, set_offload
+from benchlib import add_offload_args, free_port, llama_offload_flags, set_offload
 
 
 def default_model() -> Path:
     """The 0.8B-shaped constructed-agreement model the other benchmarks use (q8_0, 0.95)."""
-    from pyggspec.testing import cached_model, qwen35_0_8b
-
-    return cached_model(qwen35_0_8b(dtype="q8_0", agreement=0.95), CACHE)
+    return benchlib.generated_model(0.95, "q8_0")
 
 
 def server_cmd(engine: str, args: argparse.Namespace, spec: bool, port: int) -> list[str]:
@@ -74,34 +71,17 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = server_cmd(engine, args, spec, self.port)
         self.engine = engine
+        self.server = benchlib.ServerProcess(self.cmd, self.url, engine, timeout=900)
 
     def __enter__(self) -> Self:
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read() if self.proc.stderr else ""
-                sys.exit(f"bench_serve: {self.engine} exited with {self.proc.returncode}:\n"
-                         f"{err[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    # drain stderr so a chatty server never blocks on a full pipe
-                    threading.Thread(target=self.proc.stderr.read, daemon=True).start()
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.proc.kill()
-        sys.exit(f"bench_serve: {self.engine} did not become healthy")
+        try:
+            self.server.start()
+        except RuntimeError as e:
+            sys.exit(f"bench_serve: {e}")
+        return self
 
     def __exit__(self, *exc: object) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        self.server.stop(grace=60)
 
 
 def one_request(url: str, prompt: list[int], n_gen: int) -> dict:
@@ -140,30 +120,21 @@ def load(url: str, clients: int, n_requests: int, n_prompt: int, n_gen: int,
     """``clients`` threads, each sending ``n_requests`` requests one after another; every
     prompt is different (no prompt reuse) and the same for both engines."""
     results: list[dict] = []
-    errors: list[BaseException] = []
     lock = threading.Lock()
     span = max(1, min(vocab, 5000) - 300)
 
     def client(c: int) -> None:
-        try:
-            for i in range(n_requests):
-                base = salt * 7919 + c * 104729 + i * 1009
-                prompt = [300 + (base + k * 37) % span for k in range(n_prompt)]
-                r = one_request(url, prompt, n_gen)
-                with lock:
-                    results.append(r)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        for i in range(n_requests):
+            base = salt * 7919 + c * 104729 + i * 1009
+            prompt = [300 + (base + k * 37) % span for k in range(n_prompt)]
+            r = one_request(url, prompt, n_gen)
+            with lock:
+                results.append(r)
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise RuntimeError(f"a client failed: {errors[0]!r}")
+    try:
+        wall = benchlib.concurrently(client, clients)
+    except Exception as e:
+        raise RuntimeError(f"a client failed: {e!r}") from e
     n = sum(r["n"] for r in results)
     drafted = sum(r["draft_n"] for r in results)
     return {"agg_tps": n / wall, "req_tps": statistics.median(r["tps"] for r in results),
