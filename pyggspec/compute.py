@@ -49,12 +49,12 @@ from pyggspec.ggml.dtypes import GGMLType
 from pyggspec.ggml.sched import Scheduler
 from pyggspec.ggml.tensor import Tensor
 from pyggspec.modelfile import HParams
+from pyggspec.models.batch import padded_rows
 from pyggspec.models.mtp import MtpGraph, MtpShape, MtpWeights
 from pyggspec.models.qwen35 import TargetGraph, UBatchShape
 from pyggspec.models.runner import STEP_SCHEDS
 from pyggspec.sampling.chain import SamplingPlan, plan_chain
 from pyggspec.sampling.params import SamplingParams, graph_sampling
-from pyggspec.speculative.loop import padded_rows
 
 log = logging.getLogger("pyggspec.compute")
 

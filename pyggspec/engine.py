@@ -1,38 +1,41 @@
-"""Engine: one model on its devices, sequence slots, batching, evaluation and generation.
+"""Engine: the facade over one loaded model -- configuration in, generations out.
 
-The engine owns the weights, the caches and the scheduler, and splits requests into
-ubatches of equal-length sequences (what the gated-delta-net graph needs). It is the
-Python API behind the CLI: ``Engine(path).generate(...)``.
+``Engine(path, **kw)`` (or ``Engine(path, config=EngineConfig(...))``) puts the parts
+together (:mod:`pyggspec.assemble`), hands them to a :class:`~pyggspec.worker.Worker` and
+runs every generation through one :class:`~pyggspec.serving.scheduler.Scheduler`::
+
+    engine.step()  =  batch = scheduler.schedule(); out = worker.run(batch);
+                      scheduler.update(batch, out)
+
+It is the Python API behind the CLI and the server: ``generate / stream / generate_batch /
+submit / create_completion``, plus low-level evaluation (``decode / eval / decode_token``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 from typing_extensions import Self
 
-from pyggspec.compute import reserve_compute
-from pyggspec.config import SpecConfig
+from pyggspec.assemble import Parts, assemble, make_policy
+from pyggspec.config import EngineConfig, SpecConfig
 from pyggspec.errors import PyggspecError
-from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
-from pyggspec.ggml.sched import Scheduler
-from pyggspec.memory import KVCache, RecurrentState
-from pyggspec.modelfile import open_model
-from pyggspec.models.qwen35 import StepResult, Target, UBatch
-from pyggspec.sampling import SamplingParams, graph_sampling
+from pyggspec.ggml.device import get_device
+from pyggspec.models.batch import StepResult
+from pyggspec.sampling import SamplingParams
 from pyggspec.sampling.session import SequenceSamplers
 from pyggspec.serving.request import Event, Request, RequestHandle
-from pyggspec.speculative.loop import SpecStats
+from pyggspec.serving.scheduler import Scheduler, SchedulerLimits
+from pyggspec.speculative.stats import SpecStats
+from pyggspec.worker import Worker
 
-if TYPE_CHECKING:  # pragma: no cover
-    from pyggspec.serving.scheduler import Scheduler as RequestScheduler
+__all__ = ["Engine", "EngineConfig", "GenerationResult", "Piece", "SpecConfig", "Timings"]
 
 log = logging.getLogger("pyggspec.engine")
 
@@ -84,28 +87,6 @@ class GenerationResult:
                 "cache_n": self.cache_n, "timings": self.timings.to_dict()}
 
 
-def _device_accepts(device: str, info) -> bool:
-    """Placement's question to the binding: can ``device`` hold this weight at all."""
-    return _accepts(device, info.type_name, tuple(info.ne[: info.n_dims]))
-
-
-@functools.lru_cache(maxsize=1024)
-def _accepts(device: str, type_name: str, ne: tuple[int, ...]) -> bool:
-    """Asked once per (device, type, shape): every layer repeats the same few shapes, and
-    an RPC device answers each question over the network."""
-    return get_device(device).accepts(type_name, ne)
-
-
-def _check_cache_types(types: Mapping[str, str]) -> None:
-    """A KV cache type ggml cannot store is a one-line error naming its flag."""
-    from pyggspec.memory.kv import KV_TYPES
-
-    for flag, t in types.items():
-        if str(t).lower() not in KV_TYPES:
-            raise PyggspecError(flag, f"unsupported KV cache type {t!r} "
-                                f"({', '.join(KV_TYPES)})")
-
-
 class Engine:
     """A loaded model ready to evaluate and generate.
 
@@ -113,300 +94,79 @@ class Engine:
     recurrent state. Sequence ids are slot numbers ``0..n_parallel-1``.
     """
 
-    def __init__(self, model_path: str | os.PathLike, *, mtp_path: str | os.PathLike | None = None,
-                 n_ctx: int = 4096, n_parallel: int = 1, n_threads: int | None = None,
-                 n_batch: int = 2048, n_ubatch: int = 512, n_gpu_layers: int | str | None = 0,
-                 device: str | None = None, override_tensor: Sequence[tuple[str, str]] = (),
-                 cpu_moe: bool = False, type_k: str = "f16", type_v: str = "f16",
-                 use_mmap: bool = True, load_tokenizer: bool = True,
-                 progress: bool | None = None, spec_type: str | None = None,
-                 spec: SpecConfig | None = None, mtp_type_k: str = "f16",
-                 mtp_type_v: str = "f16", draft_backend_sampling: bool = True,
-                 sampling: SamplingParams | None = None, backend_sampling: bool | None = None,
-                 repack: bool = True, ctx_checkpoints: int = 4,
-                 checkpoint_min_step: int = 512) -> None:
-        from pyggspec.weights import load_weights, plan_placement
-
-        if min(n_ctx, n_parallel, n_batch, n_ubatch) < 1:
-            raise PyggspecError(None, "need n_ctx, n_parallel, n_batch, n_ubatch >= 1")
-        _check_cache_types({"-ctk": type_k, "-ctv": type_v, "-ctkd": mtp_type_k,
-                            "-ctvd": mtp_type_v})
-        self._closers: list = []
-        self._scheduler: RequestScheduler | None = None
+    def __init__(self, model_path: str | os.PathLike, config: EngineConfig | None = None,
+                 **kw: Any) -> None:
+        if config is not None and kw:
+            raise TypeError("pass either config or keyword arguments, not both")
+        self.config = cfg = config if config is not None else EngineConfig.from_kwargs(**kw)
         self.model_path = os.fspath(model_path)
-        if ctx_checkpoints < 0 or checkpoint_min_step < 1:
-            raise PyggspecError("--ctx-checkpoints", "need ctx_checkpoints >= 0 and "
-                                "checkpoint_min_step >= 1")
-        # prompt reuse: recurrent-state copies saved along each prompt, per slot
-        self.ctx_checkpoints = ctx_checkpoints
-        self.checkpoint_min_step = checkpoint_min_step
+        self._parts: Parts = assemble(self.model_path, cfg)
         try:
-            self.model = open_model(model_path, mtp_path)
-            self._closers.append(self.model)
-            trunk = self.model.trunk
-            if not trunk.has_trunk:
-                raise PyggspecError(model_path, "this is an MTP-only file; pass the trunk model "
-                                    "with -m and this file with --spec-draft-model")
-            self.hp = hp = trunk.hparams
-            self.n_vocab = trunk.n_vocab
-            self.n_ctx = n_ctx
-            if hp.n_ctx_train and n_ctx > hp.n_ctx_train:
-                self.n_ctx = hp.n_ctx_train
-                log.warning("-c %d is more than the model's training context; using %d",
-                            n_ctx, hp.n_ctx_train)
-            self.n_parallel = n_parallel
-            # -b is the logical batch (prompt chunks per sequence), -ub the physical one;
-            # as in llama.cpp the physical batch is never larger than the logical one
-            self.n_batch = n_batch
-            self.n_ubatch = min(n_ubatch, n_batch)
-            self.n_threads = n_threads or max(1, min(os.cpu_count() or 1, 8))
-            if spec_type not in (None, "none", "draft-mtp"):
-                raise PyggspecError("--spec-type", f"unsupported speculative type {spec_type!r} "
-                                    "(none, draft-mtp)")
-            self.spec_type = "draft-mtp" if spec_type == "draft-mtp" else None
-            self._type_k, self._type_v = type_k, type_v
-            self._mtp_types = (mtp_type_k, mtp_type_v)
-            self.sampling = sampling or SamplingParams(temp=0.0)
-            self.sampling.check_vocab(self.n_vocab)
-            self.samplers: SequenceSamplers | None = None
-            self.spec = spec or SpecConfig()
-            grafted = False
-            if self.spec_type:
-                if self.spec.n_max < 1 or self.spec.n_min < 0 or self.spec.n_min > self.spec.n_max:
-                    raise PyggspecError("--spec-draft-n-max", "need 1 <= n_min <= n_max "
-                                        f"(got n_min={self.spec.n_min}, n_max={self.spec.n_max})")
-                if self.model.mtp_file is None:
-                    status = trunk.mtp.status
-                    if status != "grafted":
-                        raise PyggspecError(model_path, f"no MTP head (nextn_predict_layers = "
-                                            f"{hp.n_layer_nextn}); pass --spec-draft-model "
-                                            "mtp-….gguf")
-                    grafted = True
-            # a registered RPC device whose server is gone cannot take layers
-            names = [d.name for d in devices() if d.reachable()]
-            self.placement = plan_placement(trunk, names, n_gpu_layers, device, override_tensor,
-                                            cpu_moe, include_mtp=grafted,
-                                            accepts=_device_accepts)
-            for name, dev in self.placement.refused.items():
-                t = trunk.tensors[name]
-                log.warning("%s cannot hold %s (%s, %.0f MiB) as an operand: keeping it on "
-                            "the CPU", dev, name, t.type_name, t.nbytes / 2**20)
-            self.weights = load_weights(self.model, self.placement, use_mmap=use_mmap,
-                                        progress=progress, repack=repack)
-            self._closers.append(self.weights)
-            # None: chains in the graph unless the logits are on the CPU (graph_sampling)
-            self._backend_sampling_arg = backend_sampling
-            self.backend_sampling = graph_sampling(backend_sampling,
-                                                   self.placement.output_device)
-            if self.spec_type and self.spec.draft_head:
-                self._add_draft_head(self.spec.draft_head)
-            # verify/draft batches may run n_max + 2 positions past the committed ones
-            kv_cells = self.n_ctx + (self.spec.n_max + 2 if self.spec_type else 0)
-
-            layer_dev = {il: get_device(self.placement.layer_devices[il])
-                         for il in range(hp.n_layer)}
-            attn = {il: d for il, d in layer_dev.items() if not hp.is_recurrent(il)}
-            recr = {il: d for il, d in layer_dev.items() if hp.is_recurrent(il)}
-            self.kv = KVCache(attn, hp.n_embd_k_gqa, hp.n_embd_v_gqa, kv_cells, n_parallel,
-                              type_k, type_v)
-            self._closers.append(self.kv)
-            self.rollback = self._choose_rollback(recr) if self.spec_type else None
-            used = {self.placement.output_device, *self.placement.layer_devices[: hp.n_layer]}
-            self.backends: list[Backend] = []
-            for name in sorted(used - {"CPU"}):
-                self.backends.append(get_device(name).open())
-            self.backends.append(cpu_device().open(self.n_threads))
-            self._closers.extend(self.backends)
-            self.sched = Scheduler(self.backends)
-            self._closers.append(self.sched)
-            # the MTP head runs on its own scheduler (target and draft graphs never evict
-            # each other's allocation)
-            self.mtp_sched = Scheduler(self.backends) if self.spec_type else None
-            if self.mtp_sched is not None:
-                self._closers.append(self.mtp_sched)
-            self._draft_argmax = draft_backend_sampling
-            self.memory_plan = self._plan_memory()
-            self._check_fit()
-            planes = 1
-            if self.rollback == "snapshot":
-                planes = self.spec.n_max + 3  # current + one per verify row (padding included)
-            elif self.rollback == "checkpoint":
-                planes = 2
-            self.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, n_parallel, planes)
-            self._closers.append(self.rs)
-            self.target = Target(hp, self.weights, self.kv, self.rs, self.sched)
-            self.target.step_rows = self._step_rows
-            self._step_ub: dict[int, UBatch] = {}
-            self._closers.append(self.target)
-            self.mtp = None
-            self.stats = SpecStats()
-            if self.spec_type:
-                self._init_mtp(kv_cells, mtp_type_k, mtp_type_v, draft_backend_sampling)
-            # compute buffers at their worst case now, so they never grow while generating
-            reserve_compute(self._compute, self.target, self.mtp)
-            self.draft_policy = None
-            if self.spec_type and self.spec.adaptive:
-                self.draft_policy = self._make_draft_policy()
+            self.worker = Worker(self._parts)
+            if cfg.speculative and cfg.spec.adaptive:
+                self.worker.policy = self._parts.policy = make_policy(self.worker, cfg)
             self.tokenizer = None
-            if load_tokenizer:
+            if cfg.load_tokenizer:
                 from pyggspec.tokenizer import Tokenizer
 
-                self.tokenizer = Tokenizer(model_path)
-                self._closers.append(self.tokenizer)
-            for s in range(n_parallel):
-                self.clear(s)
+                self.tokenizer = Tokenizer(self.model_path)
+                self._parts.closers.append(self.tokenizer)
+            for s in range(cfg.n_parallel):
+                self.worker.clear(s)
+            self.scheduler = Scheduler(
+                self.worker, SchedulerLimits(
+                    self.n_ctx, self.n_vocab, cfg.n_parallel, cfg.n_ubatch, cfg.n_batch,
+                    cfg.speculative, cfg.spec.n_max, cfg.ctx_checkpoints,
+                    cfg.checkpoint_min_step),
+                self.tokenizer, self.memory)
         except BaseException:
-            self.close()
+            self._parts.close()
             raise
+        self.stats = SpecStats()  # the last generate call's speculation counts
 
-    def _plan_memory(self):
-        """Every component predicted before the states are allocated; compute buffers from
-        ggml's sizing of the worst-case graphs on this engine's schedulers (reserved for
-        real once the states exist, so :meth:`memory` reports the same numbers)."""
-        from pyggspec.compute import GraphOptions, size_compute
-        from pyggspec.memory.plan import plan_memory
+    # --- the step ----------------------------------------------------------------------------
+    def step(self) -> bool:
+        """One scheduling step for every queued and running request: schedule -> run ->
+        update (see :class:`~pyggspec.serving.scheduler.Scheduler`). False when idle."""
+        return self.scheduler.step()
 
-        p = self.placement
-        mtp_dev = None
-        mtp_hp = None
-        if self.spec_type:
-            mtp_dev = self.weights.device_of(f"blk.{self.hp.n_layer}.nextn.eh_proj.weight")
-            mtp_hp = self.model.mtp_file.hparams if self.model.mtp_file is not None else None
-        opts = GraphOptions(self.n_ctx, self.n_parallel, self.n_ubatch,
-                            self.spec.n_max if self.spec_type else 0, self.rollback,
-                            self._type_k, self._type_v, *self._mtp_types,
-                            device_argmax=self._draft_argmax,
-                            draft_vocab=max(0, self.spec.draft_vocab))
-        layer_devs = {il: get_device(p.layer_devices[il]) for il in range(self.hp.n_layer)}
-        self._step_rows = opts.step_rows  # graphs up to this many rows keep their scheduler
-        self._compute = size_compute(opts, self.hp, self.weights, layer_devs, self.sched,
-                                     self.mtp_sched, mtp_hp, mtp_dev, self._sampling_sizing())
-        return plan_memory(self.hp, self.n_vocab, dict(self.weights.bytes_by_device()),
-                           p.layer_devices, p.output_device, n_ctx=self.n_ctx,
-                           n_parallel=self.n_parallel, n_ubatch=self.n_ubatch,
-                           type_k=self._type_k, type_v=self._type_v,
-                           spec_n_max=opts.spec_n_max, rollback=self.rollback,
-                           mtp_device=mtp_dev.name if mtp_dev is not None else None,
-                           mtp_hp=mtp_hp, mtp_type_k=self._mtp_types[0],
-                           mtp_type_v=self._mtp_types[1], compute=self._compute.by_device(),
-                           step_graphs=self._compute.steps)
-
-    def _sampling_sizing(self):
-        """The device sampling the loop may add to graphs (None: chains run on the host)."""
-        from pyggspec.compute import sampling_sizing
-
-        coupled = bool(self.spec_type and self.spec.draft_sampling == "coupled"
-                       and self._draft_argmax and self.spec.p_min == 0)
-        return sampling_sizing(self.n_vocab, self.placement, self.weights, self.hp.n_layer,
-                               backend_sampling=self._backend_sampling_arg,
-                               coupled_drafts=coupled, default=self.sampling)
-
-    def _check_fit(self) -> None:
-        """Say so before allocating when states do not fit a device; snapshots degrade to
-        checkpoints first (llama.cpp would run out of memory at allocation instead)."""
-        for _ in range(2):
-            too_big = []
-            for dev_name, n in self.memory_plan.by_device().items():
-                dev = get_device(dev_name)
-                free, total = dev.memory()
-                # weights are allocated (or mapped) already: count what is still to come
-                need = n - self.memory_plan.components.get("weights", {}).get(dev_name, 0)
-                if total and need > free:
-                    too_big.append((dev_name, need, free))
-            if not too_big:
-                return
-            if self.rollback == "snapshot" and self.spec.rollback == "auto":
-                self.rollback = "checkpoint"
-                self.memory_plan = self._plan_memory()
-                continue
-            dev_name, need, free = too_big[0]
-            raise PyggspecError(dev_name, f"needs {need / 2**20:.1f} MiB more for caches, "
-                                f"states and compute but only {free / 2**20:.1f} MiB are free; "
-                                "lower -c/--parallel/--spec-draft-n-max or use "
-                                "--spec-rollback checkpoint")
-
-    def _choose_rollback(self, recr_devices: dict) -> str:
-        """Snapshot planes when they fit on the devices holding the recurrent state,
-        else checkpoints (two planes); an explicit choice is honoured."""
-        want = self.spec.rollback
-        if want in ("snapshot", "checkpoint"):
-            return want
-        if want != "auto":
-            raise PyggspecError("--spec-rollback", f"expected auto, snapshot or checkpoint, "
-                                f"got {want!r}")
-        hp = self.hp
-        per_plane = (hp.n_embd_r + hp.n_embd_s) * 4 * self.n_parallel
-        need: dict[str, int] = {}
-        for dev in recr_devices.values():
-            need[dev.name] = need.get(dev.name, 0) + per_plane * (self.spec.n_max + 3)
-        for name, n in need.items():
-            dev = get_device(name)
-            free, total = dev.memory()
-            if not dev.is_cpu and total and n > free:
-                return "checkpoint"
-        return "snapshot"
-
-    def _make_draft_policy(self):
-        """Adaptive draft length: costs measured now on this device (one sequence of every
-        row count a verify batch can have), refined by every step afterwards."""
-        from pyggspec.speculative.adaptive import DraftLengthPolicy, calibrate
-        from pyggspec.speculative.loop import padded_rows
-
-        n_max = self.spec.n_max
-        rows = {padded_rows(t, B) * B for B in range(1, self.n_parallel + 1)
-                for t in range(1, n_max + 2)}
-        costs = calibrate(self, sorted(rows))
-        return DraftLengthPolicy(n_max, costs, padded_rows)
-
-    def _add_draft_head(self, type_name: str) -> None:
-        """A lower-bit copy of the MTP head's LM head for drafting (--spec-draft-head): a
-        draft step reads the whole vocabulary's head, most of its cost."""
-        from pyggspec.ggml.quantize import quantizable
-        from pyggspec.models.mtp import MtpWeights
-
-        ok, why = quantizable(type_name)
-        if not ok:
-            raise PyggspecError("--spec-draft-head", why)
-        w = MtpWeights(self.weights, self.hp.n_layer)
-        self.weights.add_requantized(w.DRAFT_HEAD, w.head_name, type_name)
-
-    def _init_mtp(self, kv_cells: int, type_k: str, type_v: str, device_argmax: bool) -> None:
-        from pyggspec.models.mtp import Mtp, MtpWeights
-        from pyggspec.speculative.draft_mtp import MtpDrafter
-
-        hp = self.hp
-        block = hp.n_layer
-        mtp_hp = self.model.mtp_file.hparams if self.model.mtp_file is not None else hp
-        if mtp_hp.n_embd_out != hp.n_embd_out:
-            raise PyggspecError(None, "MTP head width differs from the target's")
-        w = MtpWeights(self.weights, block)
-        dev = self.weights.device_of(f"blk.{block}.nextn.eh_proj.weight")
-        self.mtp_kv = KVCache({block: dev}, mtp_hp.n_embd_k_gqa, mtp_hp.n_embd_v_gqa, kv_cells,
-                              self.n_parallel, type_k, type_v, label="mtp-kv")
-        self._closers.append(self.mtp_kv)
-        dv = self.spec.draft_vocab
-        if dv < 0:
-            raise PyggspecError("--spec-draft-vocab", f"must be >= 0, got {dv}")
-        if dv and self.spec.p_min > 0:
-            raise PyggspecError("--spec-draft-vocab", "cannot be combined with "
-                                "--spec-draft-p-min: p_min needs the full-vocabulary softmax")
-        self.mtp = Mtp(mtp_hp, w, self.mtp_kv, self.mtp_sched, device_argmax=device_argmax,
-                       draft_vocab=dv)
-        self.mtp.step_rows = self._step_rows
-        self._closers.append(self.mtp)
-        head_dev = self.weights.device_of(w.head_name)
-        chains_in_graph = device_argmax and graph_sampling(self._backend_sampling_arg,
-                                                           head_dev.name)
-        self.drafter = MtpDrafter(self.mtp, hp.n_embd, self.spec.n_min, self.spec.p_min,
-                                  coupled=self.spec.draft_sampling == "coupled",
-                                  device=head_dev, backend_sampling=chains_in_graph)
+    # --- what the engine is made of (read-only views) -------------------------------------------
+    model = property(lambda self: self._parts.model)
+    hp = property(lambda self: self._parts.hp)
+    n_vocab = property(lambda self: self._parts.n_vocab)
+    n_ctx = property(lambda self: self._parts.n_ctx, doc="-c, capped at the training context")
+    n_parallel = property(lambda self: self.config.n_parallel)
+    n_batch = property(lambda self: self.config.n_batch)
+    n_ubatch = property(lambda self: self.config.n_ubatch)
+    n_threads = property(lambda self: self.config.threads)
+    spec = property(lambda self: self.config.spec)
+    spec_type = property(lambda self: self.config.spec_type)
+    sampling = property(lambda self: self.config.sampling)
+    ctx_checkpoints = property(lambda self: self.config.ctx_checkpoints)
+    checkpoint_min_step = property(lambda self: self.config.checkpoint_min_step)
+    placement = property(lambda self: self._parts.placement)
+    weights = property(lambda self: self._parts.weights)
+    backend_sampling = property(lambda self: self._parts.backend_sampling)
+    rollback = property(lambda self: self._parts.rollback)
+    memory_plan = property(lambda self: self._parts.memory_plan)
+    backends = property(lambda self: self._parts.backends)
+    sched = property(lambda self: self._parts.sched)
+    mtp_sched = property(lambda self: self._parts.mtp_sched)
+    kv = property(lambda self: self._parts.kv)
+    rs = property(lambda self: self._parts.rs)
+    mtp_kv = property(lambda self: self._parts.mtp_kv)
+    target = property(lambda self: self._parts.target)
+    mtp = property(lambda self: self._parts.mtp)
+    drafter = property(lambda self: self._parts.drafter)
+    samplers = property(lambda self: self._parts.samplers)
+    draft_policy = property(lambda self: self.worker.policy)
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:
-        if self._scheduler is not None and self._scheduler.running:
-            self._scheduler.stop(drain=False)
-        while self._closers:
-            self._closers.pop().close()
+        sched = getattr(self, "scheduler", None)
+        if sched is not None and sched.running:
+            sched.stop(drain=False)
+        self._parts.close()
 
     def __enter__(self) -> Self:
         return self
@@ -415,28 +175,15 @@ class Engine:
         self.close()
 
     # --- sequences --------------------------------------------------------------------
-    def _check_seq(self, seq_id: int) -> None:
-        if not 0 <= seq_id < self.n_parallel:
-            raise PyggspecError(None, f"sequence id {seq_id} outside 0..{self.n_parallel - 1}")
-
     def seq_len(self, seq_id: int = 0) -> int:
-        self._check_seq(seq_id)
-        return int(self.kv.lengths[seq_id])
+        self.worker._check_slot(seq_id)
+        return self.worker.memory.length(seq_id)
 
     def clear(self, seq_id: int) -> None:
-        self._check_seq(seq_id)
-        self.kv.clear(seq_id)
-        self.rs.clear(seq_id)
-        if self.mtp is not None:
-            self.mtp_kv.clear(seq_id)
+        self.worker.clear(seq_id)
 
     def copy_seq(self, src: int, dst: int) -> None:
-        self._check_seq(src)
-        self._check_seq(dst)
-        self.kv.copy(src, dst)
-        self.rs.copy(src, dst)
-        if self.mtp is not None:
-            self.mtp_kv.copy(src, dst)
+        self.worker.copy(src, dst)
 
     # --- tokens -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
@@ -450,106 +197,23 @@ class Engine:
             raise PyggspecError(None, "engine was created with load_tokenizer=False")
         return self.tokenizer
 
-    # --- evaluation ----------------------------------------------------------------------
+    # --- low-level evaluation ---------------------------------------------------------------
     def decode(self, batch: Mapping[int, Sequence[int]], logits: str = "last",
                hidden: bool = False) -> dict[int, StepResult]:
-        """Append tokens to several sequences at once; logits ``"last"`` or ``"all"`` rows.
+        """Append tokens to several sequences at once; logits ``"last"`` or ``"all"`` rows
+        (:meth:`Worker.decode <pyggspec.worker.Worker.decode>`)."""
+        return self.worker.decode(batch, logits, hidden)
 
-        Sequences are grouped into ubatches of equal length (B sequences x T tokens), at
-        most ``n_ubatch`` tokens each, in slot order.
-        """
-        if logits not in ("last", "all"):
-            raise ValueError("logits must be 'last' or 'all'")
-        pending: dict[int, np.ndarray] = {}
-        for seq, toks in batch.items():
-            self._check_seq(seq)
-            arr = np.asarray(toks, dtype=np.int32).reshape(-1)
-            if arr.size == 0:
-                continue
-            if arr.min() < 0 or arr.max() >= self.n_vocab:
-                raise PyggspecError(None, f"sequence {seq}: token id out of range 0.."
-                                    f"{self.n_vocab - 1}")
-            if self.seq_len(seq) + arr.size > self.n_ctx:
-                raise PyggspecError(None, f"sequence {seq}: context full ({self.n_ctx} tokens)")
-            pending[seq] = arr
-        out_logits: dict[int, list[np.ndarray]] = {s: [] for s in pending}
-        out_hidden: dict[int, list[np.ndarray]] = {s: [] for s in pending}
-        done = dict.fromkeys(pending, 0)
-        while True:
-            left = {s: a.size - done[s] for s, a in pending.items() if a.size > done[s]}
-            if not left:
-                break
-            # one ubatch: the sequences sharing the smallest remaining count, chunked
-            T = min(min(left.values()), self.n_ubatch)
-            seqs = sorted(s for s, n in left.items() if n >= T)[: max(1, self.n_ubatch // T)]
-            # ... and never across a sequence's logical batch (-b) boundary
-            T = min(T, *(self.n_batch - done[s] % self.n_batch for s in seqs))
-            tokens = np.stack([pending[s][done[s]: done[s] + T] for s in seqs])
-            pos0 = np.array([self.seq_len(s) for s in seqs], dtype=np.int64)
-            if logits == "all":
-                outputs = np.arange(T * len(seqs), dtype=np.int32)
-            else:
-                outputs = np.array([i * T + T - 1 for i, s in enumerate(seqs)
-                                    if done[s] + T == pending[s].size], dtype=np.int32)
-                if outputs.size == 0:
-                    outputs = np.array([T - 1], dtype=np.int32)  # keep the graph well-formed
-            res = self.target.run(UBatch(tokens, pos0, tuple(seqs), outputs, hidden))
-            rows = {int(r): i for i, r in enumerate(outputs)}
-            for i, s in enumerate(seqs):
-                if logits == "all":
-                    out_logits[s].append(res.logits[i * T:(i + 1) * T])
-                elif (i * T + T - 1) in rows and done[s] + T == pending[s].size:
-                    out_logits[s].append(res.logits[rows[i * T + T - 1]][None])
-                if hidden and res.hidden is not None:
-                    out_hidden[s].append(res.hidden[i * T:(i + 1) * T])
-                done[s] += T
-        return {s: StepResult(np.concatenate(out_logits[s]) if out_logits[s] else
-                              np.zeros((0, self.n_vocab), np.float32),
-                              np.concatenate(out_hidden[s]) if hidden else None)
-                for s in pending}
-
-    def step(self, seq_id: int, token: int) -> np.ndarray:
-        """Decode one token for one sequence and return its logits row (a copy).
-
-        A low-level step outside the scheduler (which generation uses); the host arrays
-        of the ubatch are kept per sequence.
-        """
-        self._check_seq(seq_id)
-        if not 0 <= token < self.n_vocab:
-            raise PyggspecError(None, f"sequence {seq_id}: token id {token} out of range 0.."
-                                f"{self.n_vocab - 1}")
-        n = int(self.kv.lengths[seq_id])
-        if n + 1 > self.n_ctx:
-            raise PyggspecError(None, f"sequence {seq_id}: context full ({self.n_ctx} tokens)")
-        ub = self._step_ub.get(seq_id)
-        if ub is None:
-            ub = UBatch(np.zeros((1, 1), np.int32), np.zeros(1, np.int64), (seq_id,),
-                        np.zeros(1, np.int32), state_src=np.zeros(1, np.int32),
-                        state_dst=np.zeros((1, 1), np.int32))
-            self._step_ub[seq_id] = ub
-        ub.tokens[0, 0] = token
-        ub.pos0[0] = n
-        ub.state_src[0] = ub.state_dst[0, 0] = self.rs.row(seq_id)
-        # a copy: on the CPU the graph's logits are read in place (valid until the next
-        # graph), and a caller may keep this row past it, even past close()
-        return self.target.run(ub, copy=False).logits[0].copy()
+    def decode_token(self, seq_id: int, token: int) -> np.ndarray:
+        """Decode one token for one sequence and return its logits row (a copy); outside
+        the scheduler, which generation uses."""
+        return self.worker.step(seq_id, token)
 
     def eval(self, tokens: Sequence[int], seq_id: int = 0) -> np.ndarray:
         """Append ``tokens`` to ``seq_id``; logits of every position, [n_tokens, n_vocab]."""
         return self.decode({seq_id: tokens}, logits="all")[seq_id].logits
 
     # --- generation -----------------------------------------------------------------------
-    @property
-    def scheduler(self) -> RequestScheduler:
-        """The engine's :class:`~pyggspec.serving.scheduler.Scheduler`: every generation
-        (these methods, the CLI, the server) goes through it."""
-        if self._scheduler is None:
-            from pyggspec.serving.scheduler import Scheduler as RequestScheduler
-
-            self._scheduler = RequestScheduler(self)
-            self.samplers = self._scheduler.samplers
-        return self._scheduler
-
     def submit(self, request: Request) -> RequestHandle:
         """Queue a :class:`~pyggspec.serving.request.Request` (see ``scheduler``)."""
         return self.scheduler.submit(request)
@@ -571,7 +235,7 @@ class Engine:
             req = Request(ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos,
                           slot=i if pin else None, **kw)
             try:
-                req.prompt = sched._validate(req)
+                req.prompt = sched.validate(req)
             except RequestError as err:
                 raise PyggspecError(None, f"prompt {i}: {err.message}") from None
             reqs.append(req)
@@ -661,17 +325,11 @@ class Engine:
         return create_chat_completion(self, messages, **kw)
 
     def make_samplers(self, sampling: SamplingParams | None = None) -> SequenceSamplers:
-        """Sampler chains for the slots, planned against the output device."""
+        """Fresh sampler chains for the slots, planned against the output device."""
         out_dev = get_device(self.placement.output_device)
         return SequenceSamplers(sampling or self.sampling, self.n_vocab, out_dev,
                                 self.backend_sampling, self.target.register_plan,
                                 output_split=self.placement.output_split)
-
-    def _device_ms(self) -> float:
-        total = self.target.compute_ms_total + self.target.build_ms_total
-        if self.mtp is not None:
-            total += self.mtp.compute_ms_total + self.mtp.build_ms_total
-        return total
 
     def device_report(self) -> dict:
         """What the devices could not do as asked: ops that ran on the CPU instead of the
@@ -719,8 +377,9 @@ class Engine:
                 m.add("compute", dev, n)
             for dev, n in self.mtp_sched.spawned_buffer_sizes().items():
                 m.add("step_graphs", dev, n)
-        if self._scheduler is not None and self._scheduler.checkpoint_bytes():
-            m.add("prompt_checkpoints", "host", self._scheduler.checkpoint_bytes())
-        if self.samplers is not None and self.samplers.stats.buffer_bytes:
+        ck = self.worker.memory.checkpoint_bytes()
+        if ck:
+            m.add("prompt_checkpoints", "host", ck)
+        if self.samplers.stats.buffer_bytes:
             m.add("sampling", self.placement.output_device, self.samplers.stats.buffer_bytes)
         return m.to_dict()

@@ -2,5 +2,6 @@
 
 from pyggspec.memory.kv import KVCache
 from pyggspec.memory.recurrent import RecurrentState
+from pyggspec.memory.slots import Checkpoint, SlotMemory
 
-__all__ = ["KVCache", "RecurrentState"]
+__all__ = ["Checkpoint", "KVCache", "RecurrentState", "SlotMemory"]

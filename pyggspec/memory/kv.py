@@ -4,7 +4,8 @@ The key/value of position ``p`` of slot ``s`` is cache row ``p * n_slots + s``, 
 ``n`` positions of every slot are one contiguous block: a decode step attends over that
 block as a view whatever slots its sequences use (the mask hides the other slots' cells),
 and graphs never depend on which slots are live. A sequence's positions are always
-``0..length-1`` with no holes, so removing a tail is just lowering ``length``.
+``0..length-1`` with no holes, so removing a tail is just lowering its length -- which
+:class:`~pyggspec.memory.slots.SlotMemory` owns (graphs never read it).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ class KVCache(LayerMemory):
         self.n_embd_k = n_embd_k
         self.n_embd_v = n_embd_v
         self.layers = sorted(layer_devices)
-        self.lengths = np.zeros(n_slots, dtype=np.int64)
 
         def make(ctx, kind, il):
             t = self.type_k if kind == "k" else self.type_v
@@ -53,13 +53,6 @@ class KVCache(LayerMemory):
         return self._mem.get("v", il)
 
     # --- sequence operations --------------------------------------------------------
-    def clear(self, slot: int) -> None:
-        self.lengths[slot] = 0
-
-    def remove_tail(self, slot: int, from_pos: int) -> None:
-        """Forget positions >= from_pos of ``slot``."""
-        self.lengths[slot] = min(int(self.lengths[slot]), max(0, from_pos))
-
     def row(self, slot: int, pos: int) -> int:
         """Cache row of position ``pos`` of ``slot``."""
         return pos * self.n_slots + slot
@@ -71,9 +64,8 @@ class KVCache(LayerMemory):
         block = np.frombuffer(t.read_bytes(0, n * self.n_slots * row), np.uint8)
         return block.reshape(n, self.n_slots, row)[:, slot].copy()
 
-    def copy(self, src: int, dst: int) -> None:
-        """Make ``dst`` a copy of ``src`` (the cells in use)."""
-        n = int(self.lengths[src])
+    def copy(self, src: int, dst: int, n: int) -> None:
+        """Make positions ``0..n-1`` of ``dst`` a copy of ``src``'s."""
         for il in self.layers:
             for t in (self.k(il), self.v(il)):
                 row, S = t.nb[1], self.n_slots
@@ -81,4 +73,3 @@ class KVCache(LayerMemory):
                 b3 = block.reshape(n, S, row)
                 b3[:, dst] = b3[:, src]
                 t.set(memoryview(block), 0)
-        self.lengths[dst] = n

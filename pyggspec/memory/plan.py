@@ -1,7 +1,8 @@
 """Memory per component and device: predicted before allocating, reported after.
 
-``plan_memory`` predicts, from hparams and a placement, what an engine with these options
-will allocate; ``Engine.memory()`` reports the same components from the real buffers, so
+``plan_engine_memory`` predicts, from an :class:`~pyggspec.config.EngineConfig`, hparams and a
+placement, what an engine with that config will allocate (``pyggspec inspect`` and the engine
+both call it; :func:`plan_memory` is its arithmetic); ``Engine.memory()`` reports the same components from the real buffers, so
 ``pyggspec inspect`` and ``pyggspec run --json`` can be compared line by line. Weights,
 caches and states are exact arithmetic. Compute buffers are what ggml's allocator lays out
 for the engine's worst-case graphs (:mod:`pyggspec.compute` sizes them, the engine
@@ -11,9 +12,16 @@ binding does a rough estimate from the largest ubatch stand in (marked as such).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from pyggspec.config import EngineConfig
 from pyggspec.modelfile import HParams, ggml_type
+
+if TYPE_CHECKING:
+    from pyggspec.compute import ComputePlan, GraphOptions
+    from pyggspec.weights import Placement
 
 COMPONENTS = ("weights", "kv", "mtp_kv", "recurrent", "snapshots", "checkpoints", "sampling",
               "compute", "step_graphs", "prompt_checkpoints")
@@ -123,6 +131,62 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
         plan.add("compute", mtp_device or output_device,
                  int(ub * (mask + 2048 + 4 * 7 * _ffn_width(mh))) + n_parallel * vocab_row)
     return plan
+
+
+def planned_n_ctx(cfg: EngineConfig, hp: HParams) -> int:
+    """The context an engine with ``cfg`` runs: ``-c``, capped at the training context."""
+    return min(cfg.n_ctx, hp.n_ctx_train or cfg.n_ctx)
+
+
+def planned_rollback(cfg: EngineConfig) -> str | None:
+    """The recurrent-state rollback planned for ``cfg`` before anything is measured: snapshots
+    unless checkpoints are asked for (the engine may still fall back to checkpoints when
+    snapshots do not fit); None without speculation."""
+    if not cfg.speculative:
+        return None
+    return "checkpoint" if cfg.spec.rollback == "checkpoint" else "snapshot"
+
+
+def coupled_drafts(cfg: EngineConfig) -> bool:
+    """Whether drafts of sampling chains are drawn through the chains in the MTP graph (the
+    compute sizing then includes those chains)."""
+    return bool(cfg.speculative and cfg.spec.draft_sampling == "coupled"
+                and cfg.draft_backend_sampling and cfg.spec.p_min == 0)
+
+
+def graph_options(cfg: EngineConfig, hp: HParams, rollback: str | None) -> GraphOptions:
+    """The shapes of the graphs an engine with ``cfg`` builds (what its compute buffers are
+    sized for), with ``rollback`` as decided (:func:`planned_rollback` or the engine's)."""
+    from pyggspec.compute import GraphOptions
+
+    spec_n_max = cfg.spec.n_max if cfg.speculative else 0
+    return GraphOptions(planned_n_ctx(cfg, hp), cfg.n_parallel, cfg.n_ubatch, spec_n_max,
+                        rollback if spec_n_max else None, cfg.type_k, cfg.type_v,
+                        cfg.mtp_type_k, cfg.mtp_type_v, device_argmax=cfg.draft_backend_sampling,
+                        draft_vocab=cfg.spec.draft_vocab if spec_n_max else 0)
+
+
+def plan_engine_memory(cfg: EngineConfig, hp: HParams, n_vocab: int, placement: Placement,
+                       weights_by_device: Mapping[str, int], *, rollback: str | None,
+                       mtp_device: str | None = None, mtp_hp: HParams | None = None,
+                       compute: ComputePlan | None = None) -> MemoryPlan:
+    """What an engine built from ``cfg`` allocates, by component and device: the one planner
+    ``pyggspec inspect`` (:func:`pyggspec.inspect.inspect_model`) and the engine share.
+
+    ``placement``: the trunk's (layer and output devices); ``weights_by_device``: the weight
+    bytes (planned, or loaded); ``rollback``: :func:`planned_rollback` or the engine's choice;
+    ``mtp_device``/``mtp_hp``: the MTP head's device and, for a separate MTP file, its hparams;
+    ``compute``: ggml's sizing of the worst-case graphs (:func:`graph_options`), None for a
+    rough estimate (``compute_estimated``).
+    """
+    return plan_memory(hp, n_vocab, dict(weights_by_device), placement.layer_devices,
+                       placement.output_device, n_ctx=planned_n_ctx(cfg, hp),
+                       n_parallel=cfg.n_parallel, n_ubatch=cfg.n_ubatch, type_k=cfg.type_k,
+                       type_v=cfg.type_v, spec_n_max=cfg.spec.n_max if cfg.speculative else 0,
+                       rollback=rollback, mtp_device=mtp_device, mtp_hp=mtp_hp,
+                       mtp_type_k=cfg.mtp_type_k, mtp_type_v=cfg.mtp_type_v,
+                       compute=compute.by_device() if compute is not None else None,
+                       step_graphs=compute.steps if compute is not None else None)
 
 
 def _padded(t: int) -> int:

@@ -329,7 +329,5 @@ class Mtp(GraphRunner):
         res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s,
                                                      self.plans.get(s.sampling)),
                            lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read(mb))
-        for b, slot in enumerate(mb.slots):
-            self.kv.lengths[slot] = int(mb.pos0[b]) + T
         self.n_evals += 1
         return res

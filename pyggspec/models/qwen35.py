@@ -18,6 +18,7 @@ from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import HParams
 from pyggspec.models import layers
+from pyggspec.models.batch import StepResult, UBatch
 from pyggspec.models.layers import Builder, CausalInputs, RecurrentInputs
 from pyggspec.models.runner import GraphRunner
 
@@ -36,28 +37,6 @@ class UBatchShape:
     hidden: bool  # also read back h_nextn for every token
     n_write: int = 1  # recurrent states written per sequence: 1 (final) or T (snapshots)
     sampling: int = 0  # id of the sampling plan whose device prefix runs in the graph (0: none)
-
-
-@dataclass
-class UBatch:
-    """B sequences x T tokens each; ``outputs`` marks which flat rows need logits."""
-
-    tokens: np.ndarray  # int32 [B, T]
-    pos0: np.ndarray  # int64 [B]: position of each sequence's first token here
-    slots: tuple[int, ...]
-    outputs: np.ndarray  # int32 [n_out]: flat indices (b*T + t) that need logits
-    hidden: bool = False
-    state_src: np.ndarray | None = None  # int32 [B]: recurrent rows to read
-    state_dst: np.ndarray | None = None  # int32 [n_write, B]: rows for the new states
-    sampling: int = 0  # sampling plan id (Target.register_plan); 0: logits come back
-    rows: list | None = None  # RowInput per output row, for the device sampling prefix
-
-
-@dataclass
-class StepResult:
-    logits: np.ndarray  # float32 [n_out, n_vocab]
-    hidden: np.ndarray | None  # float32 [n_tokens, n_embd] (post output_norm) or None
-    ids: np.ndarray | None = None  # int32 [n_out]: tokens chosen by the sampler chain
 
 
 def kv_window(max_pos_end: int, n_ctx: int) -> int:
@@ -274,6 +253,4 @@ class Target(GraphRunner):
         if copy:
             logits = logits.copy() if logits is not None else None
             hidden = hidden.copy() if hidden is not None else None
-        for b, slot in enumerate(ub.slots):
-            self.kv.lengths[slot] = int(ub.pos0[b]) + shape.n_seq_tokens
         return StepResult(logits, hidden, ids), err

@@ -196,7 +196,7 @@ class RequestHandle:
     def cancel(self) -> None:
         """Ask the scheduler to stop this request (idempotent, any thread)."""
         self._cancel.set()
-        self._sched._wake()
+        self._sched.wake()
 
     @property
     def cancelled(self) -> bool:

@@ -1,12 +1,18 @@
-"""The scheduler: requests <-> sequence slots, and the ONE generation loop.
+"""The scheduler: requests <-> sequence slots, ``schedule() -> Batch`` and
+``update(batch, out)`` (nano-vllm's schedule -> run -> postprocess; vLLM v1's status enum).
 
 Every generation -- ``pyggspec run``, ``Engine.generate/stream/generate_batch``,
-``Engine.create_completion`` and the HTTP server -- goes through :class:`Scheduler`.
-Between steps, waiting requests are admitted to free slots (the idle slot whose cached
-tokens share the longest prefix with the prompt wins, and continues from that cache),
-prompts are evaluated in chunks of at most ``n_ubatch`` tokens (one chunk per step, so a
-long prompt delays running streams by at most one ubatch), and every generating sequence
-advances by one plain or speculative (draft -> verify -> accept) step in one shared batch.
+``Engine.create_completion`` and the HTTP server -- goes through :class:`Scheduler`. One
+step (:meth:`Scheduler.step`) is::
+
+    batch = self.schedule()        # admit waiting requests, one prompt chunk, decode items
+    out = self.worker.run(batch)   # the target's choices (no stop logic there)
+    self.update(batch, out)        # the ONE place tokens are appended and stops decided
+
+Admission: the idle slot whose cached tokens share the longest prefix with the prompt wins
+and continues from that cache. Prompts are evaluated in chunks of at most ``n_ubatch``
+tokens (one chunk per step, so a long prompt delays running streams by at most one ubatch),
+and every generating sequence advances by one plain or speculative step in one shared batch.
 Finished, stopped, cancelled or failed requests leave and free their slot at once.
 
 API for the server
@@ -38,13 +44,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from pyggspec.errors import PyggspecError
 from pyggspec.sampling.params import SamplingParams
-from pyggspec.serving.prefix_cache import Checkpoint, SlotMemory, common_prefix
+from pyggspec.serving.prefix_cache import common_prefix
 from pyggspec.serving.request import (
     Event,
     QueueFull,
@@ -56,69 +63,79 @@ from pyggspec.serving.request import (
     Result,
     SchedulerClosed,
 )
-from pyggspec.serving.stops import TextStream
-from pyggspec.speculative.draft_mtp import DraftRequest
-from pyggspec.speculative.loop import (
-    PlainStepper,
-    PromptPart,
-    SeqState,
-    SpecStats,
-    prompt_chunk,
-    speculative_step,
+from pyggspec.serving.sequence import (
+    UNLIMITED,
+    Batch,
+    DecodeItem,
+    PromptChunk,
+    SeqStatus,
+    Sequence,
+    StepOutput,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from pyggspec.engine import Engine
+from pyggspec.serving.stops import TextStream
+from pyggspec.speculative.stats import SpecStats
 
 __all__ = ["Event", "QueueFull", "Request", "RequestError", "RequestFailed", "RequestHandle",
-           "RequestTimings", "Result", "Scheduler", "SchedulerClosed"]
+           "RequestTimings", "Result", "Scheduler", "SchedulerClosed", "SchedulerLimits"]
 
 log = logging.getLogger("pyggspec.serving")
-
-UNLIMITED = 1 << 40  # budget of a request without max_tokens: the context ends it
-_EMPTY_H = np.zeros((0, 0), np.float32)
 
 
 def _never(token: int) -> bool:
     return False
 
 
-class _Active:
-    """A request that holds a slot: prompt progress, its sequence once decoding, its text."""
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """What the scheduler needs to know of the engine (read once)."""
 
-    def __init__(self, handle: RequestHandle, slot: SlotMemory, spec: bool, n_max: int | None,
-                 is_stop: Callable[[int], bool], budget: int, text: TextStream) -> None:
-        self.handle = handle
-        self.slot = slot
-        self.prompt = handle.prompt_tokens
-        self.spec = spec
-        self.n_max = n_max
-        self.is_stop = is_stop
-        self.budget = budget
-        self.text = text
-        self.n_cached = 0  # prompt tokens reused from the slot's cache
-        self.n_done = 0  # prompt tokens in the cache (reused + evaluated)
-        self.last_ckpt = 0
-        self.carry: np.ndarray | None = None  # target hidden of position n_done - 1 (MTP)
-        self.seq: SeqState | None = None
-        self.sent = 0  # tokens of seq.out turned into events
-        self.tokens: list[int] = []
-        self.stop_word: str | None = None
-        self.timings = RequestTimings()
-        self.stats = SpecStats() if spec else None
-        self.t_start: float | None = None
-        self.t_first: float | None = None
+    n_ctx: int
+    n_vocab: int
+    n_parallel: int
+    n_ubatch: int
+    n_batch: int
+    speculative: bool
+    spec_n_max: int
+    ctx_checkpoints: int
+    checkpoint_min_step: int
+
+
+@dataclass(eq=False)
+class _Owner:
+    """What the scheduler keeps with a running sequence: its client's handle, its text,
+    timings and speculation counts."""
+
+    handle: RequestHandle
+    text: TextStream
+    last_ckpt: int = 0
+    sent: list[int] = field(default_factory=list)  # tokens turned into events
+    timings: RequestTimings = field(default_factory=RequestTimings)
+    stats: SpecStats | None = None
+    t_start: float | None = None
+    t_first: float | None = None
+
+
+@dataclass
+class _SlotInfo:
+    last_used: float = 0.0
+    n_decoded: int = 0  # tokens generated by the slot's current/last request
 
 
 class Scheduler:
     """Admission, chunked prefill, continuous batching, prompt reuse and cancellation over
-    one :class:`~pyggspec.engine.Engine`'s ``n_parallel`` slots.
+    a worker's ``n_parallel`` slots.
 
+    ``worker``: runs batches (:class:`~pyggspec.worker.Worker`); ``tokenizer``: None when
+    the engine has none; ``memory``: the engine's memory report (for /metrics);
     ``max_queue``: most requests waiting for a slot (more: :class:`QueueFull`).
     """
 
-    def __init__(self, engine: Engine, max_queue: int = 64) -> None:
-        self.engine = engine
+    def __init__(self, worker, limits: SchedulerLimits, tokenizer=None,
+                 memory: Callable[[], dict] | None = None, max_queue: int = 64) -> None:
+        self.worker = worker
+        self.limits = limits
+        self.tokenizer = tokenizer
+        self._memory = memory
         self.max_queue = max_queue
         self._lock = threading.RLock()  # queue, actives, counters (not the ggml work)
         self._cv = threading.Condition(self._lock)
@@ -128,10 +145,9 @@ class Scheduler:
         self._stopping = False
         self._drain = True
         self._waiting: deque[RequestHandle] = deque()
-        self._active: dict[int, _Active] = {}
-        self._slots = [SlotMemory(i) for i in range(engine.n_parallel)]
-        self.samplers = engine.make_samplers()
-        self._plain = PlainStepper(engine)
+        self._active: dict[int, Sequence] = {}  # slot -> its sequence
+        self._slot_info = [_SlotInfo() for _ in range(limits.n_parallel)]
+        self.samplers = worker.samplers
         self.stats = SpecStats()  # every speculative step since start
         self.last_python_ms = 0.0  # host share of the last decode/verify step
         self._t0 = time.monotonic()
@@ -141,7 +157,6 @@ class Scheduler:
              "prompt_tokens", "prompt_tokens_cached", "generated_tokens", "decode_steps",
              "prompt_chunks", "decode_busy_slots"), 0)
         self._prompt_ms = 0.0
-
     # --- submitting ---------------------------------------------------------------------
     def submit(self, request: Request) -> RequestHandle:
         """Validate and queue ``request`` (thread-safe); returns its handle.
@@ -151,7 +166,7 @@ class Scheduler:
         """
         if self._closed:
             raise SchedulerClosed()
-        prompt = self._validate(request)
+        prompt = self.validate(request)
         handle = RequestHandle(request, prompt, self)
         with self._cv:
             if self._closed:
@@ -164,14 +179,15 @@ class Scheduler:
             self._cv.notify_all()
         return handle
 
-    def _validate(self, req: Request) -> list[int]:
-        e = self.engine
+    def validate(self, req: Request) -> list[int]:
+        """The prompt's token ids, or :class:`RequestError` naming what cannot run."""
+        e, tok = self.limits, self.tokenizer
         p = req.prompt
         if isinstance(p, str):
-            if e.tokenizer is None:
+            if tok is None:
                 raise RequestError("a text prompt needs the tokenizer (the engine was created "
                                    "with load_tokenizer=False)")
-            toks = e.tokenizer.tokenize(p, add_special=req.add_special) if p else []
+            toks = tok.tokenize(p, add_special=req.add_special) if p else []
         else:
             try:
                 toks = [int(t) for t in p]
@@ -201,15 +217,15 @@ class Scheduler:
                                    else err.message) from None
         if isinstance(req.stop, str) or not all(isinstance(s, str) for s in req.stop):
             raise RequestError("stop must be a list of strings")
-        if any(req.stop) and e.tokenizer is None:
+        if any(req.stop) and tok is None:
             raise RequestError("stop strings need the tokenizer (the engine was created "
                                "with load_tokenizer=False)")
-        if req.speculative and not e.spec_type:
+        if req.speculative and not e.speculative:
             raise RequestError("speculative decoding needs an engine with an MTP head "
                                "(--spec-type draft-mtp)")
         if req.n_draft_max is not None:
             n = req.n_draft_max
-            cap = e.spec.n_max if e.spec_type else 0
+            cap = e.spec_n_max if e.speculative else 0
             if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= cap:
                 raise RequestError(f"n_draft_max must be an integer in 0..{cap}, got {n!r}")
         if req.slot is not None and not (isinstance(req.slot, (int, np.integer))
@@ -217,28 +233,17 @@ class Scheduler:
             raise RequestError(f"slot must be in 0..{e.n_parallel - 1}, got {req.slot!r}")
         return toks
 
+
     # --- running -------------------------------------------------------------------------
     def step(self) -> bool:
-        """Run one scheduling step (admit, one prefill chunk, one decode/verify batch,
-        finish). Returns False when there was nothing to do."""
+        """One step: schedule -> run -> update. False when there was nothing to do."""
         with self._step_lock:
-            admitted = self._admit()
-            cancelled = False
-            for a in list(self._active.values()):
-                if a.handle.cancelled:
-                    self._finish(a, "cancelled")
-                    cancelled = True
-            pre = [a for a in self._active.values() if a.seq is None]
-            if pre:
-                self._prefill_step(pre)
-            dec = [a for a in self._active.values() if a.seq is not None and not a.seq.done]
-            if dec:
-                self._decode_step(dec)
-            for a in list(self._active.values()):
-                if a.seq is not None:
-                    self._emit(a)
+            admitted, cancelled = self._admit(), self._cancel_requested()
+            batch = self.schedule()
+            if batch:
+                self.update(batch, self.worker.run(batch))
             # a freed slot may admit a waiting request at the next step
-            return bool(admitted or pre or dec or (cancelled and self._waiting))
+            return bool(admitted or batch or (cancelled and self._waiting))
 
     def run_until_idle(self) -> None:
         """Step until no request is waiting or running (synchronous mode)."""
@@ -258,7 +263,7 @@ class Scheduler:
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop the background thread: ``drain`` finishes queued and running requests
         first, else they end as ``cancelled``. Later ``submit`` calls raise
-        :class:`SchedulerClosed` (until :meth:`start`)."""
+        :class:`SchedulerClosed` (until :meth:`start` or :meth:`reopen`)."""
         with self._cv:
             self._closed = True
             self._stopping = True
@@ -272,6 +277,12 @@ class Scheduler:
         if not drain and not self.running:
             self._cancel_all()
 
+    def reopen(self) -> None:
+        """Accept requests again after :meth:`stop`, driven synchronously."""
+        with self._cv:
+            if not self.running:
+                self._closed = self._stopping = False
+
     def _loop(self) -> None:
         while True:
             with self._cv:
@@ -283,15 +294,15 @@ class Scheduler:
                 self.step()
             except BaseException:
                 log.exception("scheduler step failed")
-                for a in list(self._active.values()):
-                    self._fail(a, RuntimeError("internal error in the scheduler step"))
+                for seq in list(self._active.values()):
+                    self._fail(seq, RuntimeError("internal error in the scheduler step"))
         if not self._drain:
             self._cancel_all()
 
     def _cancel_all(self) -> None:
         with self._step_lock:
-            for a in list(self._active.values()):
-                self._finish(a, "cancelled")
+            for seq in list(self._active.values()):
+                self._finish(seq, SeqStatus.CANCELLED)
             with self._cv:
                 waiting = list(self._waiting)
                 self._waiting.clear()
@@ -312,7 +323,7 @@ class Scheduler:
     def closed(self) -> bool:
         return self._closed
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         """Wake the background thread (a request was submitted or cancelled)."""
         with self._cv:
             self._cv.notify_all()
@@ -320,285 +331,241 @@ class Scheduler:
     # --- admission and prompt reuse ---------------------------------------------------------
     def _admit(self) -> int:
         """Move waiting requests into free slots; returns how many."""
-        chosen: list[tuple[RequestHandle, SlotMemory]] = []
+        chosen: list[tuple[RequestHandle, int | None]] = []
         with self._cv:
             if not self._waiting:
                 return 0
-            free = [sm for sm in self._slots if sm.id not in self._active]
+            free = [s for s in range(self.limits.n_parallel) if s not in self._active]
             keep: deque[RequestHandle] = deque()
             while self._waiting:
                 h = self._waiting.popleft()
                 if h.cancelled:
-                    chosen.append((h, None))  # type: ignore[arg-type]
+                    chosen.append((h, None))
                     continue
-                sm = self._pick_slot(h, free)
-                if sm is None:
+                slot = self._pick_slot(h, free)
+                if slot is None:
                     keep.append(h)
                     continue
-                free.remove(sm)
-                chosen.append((h, sm))
+                free.remove(slot)
+                chosen.append((h, slot))
             self._waiting = keep
         n = 0
-        for h, sm in chosen:
-            if sm is None:
+        for h, slot in chosen:
+            if slot is None:
                 self._finish_waiting(h)
                 continue
             try:
-                self._begin(h, sm)
+                self._begin(h, slot)
                 n += 1
             except Exception as exc:
                 log.exception("admitting request %s failed", h.id)
-                self.engine.clear(sm.id)
-                sm.forget()
-                self._active.pop(sm.id, None)
+                self.worker.clear(slot)
+                self._active.pop(slot, None)
                 self._counts["requests_failed"] += 1
                 h._fail(RequestFailed(f"request {h.id}: {exc}"))
         return n
 
-    def _pick_slot(self, h: RequestHandle, free: list[SlotMemory]) -> SlotMemory | None:
+    def _pick_slot(self, h: RequestHandle, free: list[int]) -> int | None:
         """The idle slot sharing the longest prefix with the prompt (llama-server's slot
         choice); without one, the least recently used. A pinned request waits for its slot."""
         if h.request.slot is not None:
-            return next((sm for sm in free if sm.id == h.request.slot), None)
-        if not free:
-            return None
+            return h.request.slot if h.request.slot in free else None
         best, best_key = None, None
-        for sm in free:
-            c = common_prefix(sm.tokens, h.prompt_tokens) if h.request.cache_prompt else 0
-            key = (c, -sm.last_used)
+        mem = self.worker.memory
+        for slot in free:
+            c = (common_prefix(mem.tokens(slot), h.prompt_tokens) if h.request.cache_prompt
+                 else 0)
+            key = (c, -self._slot_info[slot].last_used)
             if best_key is None or key > best_key:
-                best, best_key = sm, key
+                best, best_key = slot, key
         return best
 
-    def _begin(self, h: RequestHandle, sm: SlotMemory) -> None:
-        e = self.engine
-        req = h.request
-        spec = bool(e.spec_type) and req.speculative is not False and req.n_draft_max != 0
-        is_stop = _never if req.ignore_eos or e.tokenizer is None else e.tokenizer.is_eog
+    def _begin(self, h: RequestHandle, slot: int) -> None:
+        lim, req = self.limits, h.request
+        spec = lim.speculative and req.speculative is not False and req.n_draft_max != 0
+        tok = self.tokenizer
+        is_stop = _never if req.ignore_eos or tok is None else tok.is_eog
         mt = req.max_tokens
-        budget = UNLIMITED if mt is None or mt < 0 else int(mt)
-        detok = e.tokenizer.detokenizer() if e.tokenizer is not None else None
-        a = _Active(h, sm, spec, req.n_draft_max, is_stop, budget,
-                    TextStream(detok, req.stop))
-        self._active[sm.id] = a
-        sm.last_used = time.monotonic()
-        sm.n_decoded = 0
-        self._reuse(a, req.cache_prompt)
-        self.samplers.start(sm.id, a.prompt, req.sampling)
-        a.timings.cache_n = a.n_cached
+        detok = tok.detokenizer() if tok is not None else None
+        owner = _Owner(h, TextStream(detok, req.stop), stats=SpecStats() if spec else None)
+        seq = Sequence(h.id, slot, h.prompt_tokens,
+                       UNLIMITED if mt is None or mt < 0 else int(mt), is_stop, spec,
+                       req.n_draft_max, owner=owner)
+        self._active[slot] = seq
+        info = self._slot_info[slot]
+        info.last_used = time.monotonic()
+        info.n_decoded = 0
+        seq.n_cached = seq.n_done = owner.last_ckpt = self.worker.begin(
+            slot, seq.prompt, req.sampling, req.cache_prompt, spec)
+        owner.timings.cache_n = seq.n_cached
         with self._lock:
-            self._counts["prompt_tokens_cached"] += a.n_cached
+            self._counts["prompt_tokens_cached"] += seq.n_cached
 
-    def _reuse(self, a: _Active, allowed: bool) -> None:
-        """Continue from the slot's cache where the prompt allows, else start empty."""
-        e, sm, prompt = self.engine, a.slot, a.prompt
-        c = min(common_prefix(sm.tokens, prompt) if allowed else 0, len(prompt) - 1)
-        start, carry = 0, None
-        if c > 0:
-            if a.spec and sm.mtp_tail is not None and sm.mtp_tail[0] == sm.mtp_len:
-                p0, toks, hid = sm.mtp_tail  # pairs still owed to the MTP cache
-                if toks:
-                    e.drafter.draft([DraftRequest(sm.id, p0, list(toks), hid, 0)])
-                    sm.mtp_len = p0 + len(toks)
-                sm.mtp_tail = None
-            n = sm.n_cached
-            if c == n and (not a.spec or (sm.last_hidden is not None and sm.mtp_len >= n)):
-                start, carry = n, sm.last_hidden
-            else:
-                for ck in reversed(sm.checkpoints):
-                    if ck.pos <= c and (not a.spec or (ck.hidden is not None
-                                                       and sm.mtp_len >= ck.pos)):
-                        e.rs.restore(ck.state, sm.id)
-                        start, carry = ck.pos, ck.hidden
-                        break
-        if start == 0:
-            e.clear(sm.id)
-            sm.forget()
-        else:
-            e.kv.remove_tail(sm.id, start)
-            if e.mtp is not None:
-                e.mtp_kv.remove_tail(sm.id, start)
-            sm.cut(start)
-        a.n_cached = a.n_done = a.last_ckpt = start
-        a.carry = None if carry is None or not a.spec else carry.copy()
+    def _cancel_requested(self) -> bool:
+        cancelled = False
+        for seq in list(self._active.values()):
+            if seq.owner.handle.cancelled:
+                self._finish(seq, SeqStatus.CANCELLED)
+                cancelled = True
+        return cancelled
 
-    def _save_checkpoint(self, a: _Active) -> None:
-        """Recurrent state after ``n_done`` prompt tokens, every ``checkpoint_min_step``
-        tokens and at the prompt's end (kept: the newest ``ctx_checkpoints``)."""
-        e, sm = self.engine, a.slot
-        p = a.n_done
-        if e.ctx_checkpoints <= 0 or p <= 0:
-            return
-        if p != len(a.prompt) and p - a.last_ckpt < e.checkpoint_min_step:
-            return
-        if any(c.pos == p for c in sm.checkpoints):
-            return
-        snap = e.rs.snapshot(sm.id)
-        nbytes = sum(len(b) for b in snap.data.values())
-        hid = a.carry.copy() if a.carry is not None else None
-        sm.checkpoints.append(Checkpoint(p, snap, hid, nbytes))
-        while len(sm.checkpoints) > e.ctx_checkpoints:
-            sm.checkpoints.pop(0)
-        a.last_ckpt = p
+    # --- schedule: what runs in this step -------------------------------------------------
+    def schedule(self) -> Batch:
+        """One ubatch of prompt chunks (the sequences sharing the smallest remaining count,
+        at most ``n_ubatch`` tokens in all, never across a logical batch (-b) boundary) and
+        one decode/verify item per running sequence (drafts: at most ``room - 1``)."""
+        lim = self.limits
+        batch = Batch()
+        pre = [s for s in self._active.values() if s.status is SeqStatus.PREFILL]
+        if pre:
+            left = {s.slot: len(s.prompt) - s.n_done for s in pre}
+            T = min(min(left.values()), lim.n_ubatch)
+            group = [s for s in pre if left[s.slot] >= T][: max(1, lim.n_ubatch // T)]
+            T = min(T, *(lim.n_batch - (s.n_done - s.n_cached) % lim.n_batch for s in group))
+            now = time.perf_counter()
+            for s in group:
+                last = s.n_done + T == len(s.prompt)
+                batch.prompt.append(PromptChunk(
+                    s.slot, s.n_done, s.prompt[s.n_done:s.n_done + T], last,
+                    last and s.room(lim.n_ctx) > 0, s.spec, self._checkpoint_due(s, T)))
+                if s.owner.t_start is None:
+                    s.owner.t_start = now
+        for s in self._active.values():
+            if s.status is SeqStatus.RUNNING:
+                cap = lim.spec_n_max if s.n_max is None else s.n_max
+                n_draft = max(0, min(cap, s.room(lim.n_ctx) - 1)) if s.spec else 0
+                batch.decode.append(DecodeItem(s.slot, s.id, s.out[-1], n_draft, s.spec,
+                                               s.is_stop))
+        return batch
 
-    # --- the two kinds of work in a step -------------------------------------------------------
-    def _prefill_step(self, pre: list[_Active]) -> None:
-        """One ubatch of prompt chunks: sequences sharing the smallest remaining count (at
-        most ``n_ubatch`` tokens in all), never across a logical batch (-b) boundary."""
-        e = self.engine
-        left = {id(a): len(a.prompt) - a.n_done for a in pre}
-        T = min(min(left.values()), e.n_ubatch)
-        group = [a for a in pre if left[id(a)] >= T][: max(1, e.n_ubatch // T)]
-        T = min(T, *(e.n_batch - (a.n_done - a.n_cached) % e.n_batch for a in group))
-        parts = [PromptPart(a.slot.id, a.n_done, a.prompt[a.n_done:a.n_done + T],
-                            a.n_done + T == len(a.prompt), a.spec, a.carry) for a in group]
-        now = time.perf_counter()
-        for a in group:
-            if a.t_start is None:
-                a.t_start = now
-        before = e.mtp.n_evals if e.mtp is not None else 0
-        try:
-            logits, carry = prompt_chunk(e, e.drafter if e.mtp is not None else None, parts)
-        except Exception as exc:
-            log.exception("prompt chunk failed")
-            for a in group:
-                self._fail(a, exc)
+    def _checkpoint_due(self, s: Sequence, T: int) -> bool:
+        """Save the recurrent state after this chunk: every ``checkpoint_min_step`` tokens
+        and at the prompt's end (llama.cpp's --ctx-checkpoints)."""
+        lim = self.limits
+        p = s.n_done + T
+        if lim.ctx_checkpoints <= 0 or p <= 0:
+            return False
+        if p != len(s.prompt) and p - s.owner.last_ckpt < lim.checkpoint_min_step:
+            return False
+        s.owner.last_ckpt = p
+        return True
+
+    # --- update: the one place tokens are appended and sequences finish ---------------------
+    def update(self, batch: Batch, out: StepOutput) -> None:
+        """Fold a step's output back: prompt progress, appended tokens, events, every stop
+        (end of generation, stop string, length, context), statistics and timings."""
+        for slot, exc in out.failed.items():
+            seq = self._active.get(slot)
+            if seq is not None:
+                self._fail(seq, exc)
+        if batch.prompt:
+            self._update_prompt(batch.prompt, out)
+        if batch.decode and any(d.slot in out.seqs for d in batch.decode):
+            self._update_decode(batch.decode, out)
+
+    def _update_prompt(self, chunks: list[PromptChunk], out: StepOutput) -> None:
+        done = [c for c in chunks if c.slot in out.seqs]
+        if not done:
             return
-        n_mtp = (e.mtp.n_evals - before) if e.mtp is not None else 0
         with self._lock:
-            self._counts["prompt_tokens"] += T * len(group)
+            self._counts["prompt_tokens"] += sum(len(c.tokens) for c in done)
             self._counts["prompt_chunks"] += 1
-            self._counts["decode_busy_slots"] += len(group)  # llama-server's n_busy_slots
-        for a, p in zip(group, parts, strict=True):
-            a.n_done += T
-            if a.stats is not None:
-                a.stats.n_target_evals += 1
-                a.stats.n_mtp_evals += n_mtp
-            if p.warm:
-                a.carry = carry[p.slot]
-            a.slot.tokens = a.prompt[:a.n_done]
-            self._save_checkpoint(a)
-            if p.last:
-                self._first_token(a, logits[p.slot])
+            self._counts["decode_busy_slots"] += len(done)  # llama-server's n_busy_slots
+        for c in done:
+            seq, so = self._active[c.slot], out.seqs[c.slot]
+            seq.n_done += len(c.tokens)
+            st = seq.owner.stats
+            if st is not None:
+                st.n_target_evals += so.target_evals
+                st.n_mtp_evals += so.mtp_evals
+            if not c.last:
+                continue
+            o = seq.owner
+            o.t_first = time.perf_counter()
+            o.timings.prompt_n = len(seq.prompt) - seq.n_cached
+            o.timings.prompt_ms = (o.t_first - (o.t_start or o.t_first)) * 1000
+            with self._lock:
+                self._prompt_ms += o.timings.prompt_ms
+            seq.status = SeqStatus.RUNNING
+            self._append(seq, so.tokens)
 
-    def _first_token(self, a: _Active, logits_row: np.ndarray) -> None:
-        e = self.engine
-        slot = a.slot.id
-        P = len(a.prompt)
-        s = SeqState(slot, pos=P, pending=-1, new_tokens=[],
-                     new_hidden=a.carry[None] if a.carry is not None else _EMPTY_H,
-                     new_pos0=P, budget=a.budget, spec=a.spec, n_max=a.n_max,
-                     is_stop=a.is_stop, stats=a.stats)
-        s.first_token(lambda: self.samplers.choose(slot, logits_row), self.samplers, a.is_stop,
-                      e.n_ctx)
-        s.new_tokens = [s.pending]
-        a.seq = s
-        a.t_first = time.perf_counter()
-        a.timings.prompt_n = P - a.n_cached
-        a.timings.prompt_ms = (a.t_first - (a.t_start or a.t_first)) * 1000
-        with self._lock:
-            self._prompt_ms += a.timings.prompt_ms
-
-    def _decode_step(self, dec: list[_Active]) -> None:
-        """Every generating sequence advances by one plain or speculative step, together."""
-        e = self.engine
-        seqs = [a.seq for a in dec]
-        t0 = time.perf_counter()
-        dev0 = e._device_ms()
-        before = sum(len(s.out) for s in seqs)  # type: ignore[union-attr]
-        try:
-            if e.spec_type and any(s.spec for s in seqs):  # type: ignore[union-attr]
-                speculative_step(e, e.drafter, seqs, e.spec, self.stats, self.samplers, _never)
-            else:
-                self._plain.step(seqs, self.samplers, _never)  # type: ignore[arg-type]
-        except Exception as exc:
-            log.exception("decode step failed")
-            for a in dec:
-                self._fail(a, exc)
-            return
-        py = (time.perf_counter() - t0) * 1000 - (e._device_ms() - dev0)
+    def _update_decode(self, items: list[DecodeItem], out: StepOutput) -> None:
+        py = out.decode_ms - out.device_ms
         self.last_python_ms = py
-        n = sum(len(s.out) for s in seqs) - before  # type: ignore[union-attr]
+        n_new = 0
+        st = self.stats
+        st.n_target_evals += out.target_evals
+        st.n_mtp_evals += out.mtp_evals
+        for it in items:
+            so = out.seqs.get(it.slot)
+            if so is None:
+                continue
+            seq = self._active[it.slot]
+            n_new += len(so.tokens)
+            if so.spec:
+                st.record(so.n_drafted, so.n_accepted)
+            own = seq.owner.stats
+            if own is not None:
+                own.n_target_evals += so.target_evals
+                own.n_mtp_evals += so.mtp_evals
+                if so.spec:
+                    own.record(so.n_drafted, so.n_accepted)
+            seq.owner.timings.python_ms.append(py)
+            self._append(seq, so.tokens)
         now = time.monotonic()
         with self._lock:
             self._counts["decode_steps"] += 1
-            self._counts["decode_busy_slots"] += len(dec)  # llama-server's n_busy_slots
-            self._recent.append((now, n))
+            self._counts["decode_busy_slots"] += len(items)  # llama-server's n_busy_slots
+            self._recent.append((now, n_new))
             while self._recent and now - self._recent[0][0] > 10.0:
                 self._recent.popleft()
-        for a in dec:
-            a.timings.python_ms.append(py)
+
+    def _append(self, seq: Sequence, tokens: list[int]) -> None:
+        """Append the target's choices in order, one stop check after each; an event per
+        token; finish the sequence when one ends it or it has no room left."""
+        o = seq.owner
+        for t in tokens:
+            if seq.is_stop(t):
+                self._finish(seq, SeqStatus.FINISHED_EOS)
+                return
+            seq.out.append(t)
+            o.sent.append(t)
+            self._slot_info[seq.slot].n_decoded = len(o.sent)
+            piece, stop = o.text.add(t)
+            o.handle._push(Event((t,), piece))
+            if stop is not None:
+                seq.stop_word = stop
+                self._finish(seq, SeqStatus.FINISHED_STOP)
+                return
+        if seq.room(self.limits.n_ctx) <= 0:
+            self._finish(seq, seq.length_reason())
 
     # --- results ---------------------------------------------------------------------------
-    def _emit(self, a: _Active) -> None:
-        """One event per new token of the sequence; finish it when it is done."""
-        s = a.seq
-        assert s is not None
-        while a.sent < len(s.out):
-            t = s.out[a.sent]
-            a.sent += 1
-            a.tokens.append(t)
-            piece, stop = a.text.add(t)
-            a.handle._push(Event((t,), piece))
-            if stop is not None:
-                a.slot.n_decoded = len(a.tokens)
-                a.stop_word = stop
-                self._finish(a, "stop")
-                return
-        a.slot.n_decoded = len(a.tokens)
-        if s.done:
-            self._finish(a, s.stop_reason)
-
-    def _release_slot(self, a: _Active) -> None:
-        """Record what the slot's caches hold now (for the next request's prompt reuse)."""
-        sm, s = a.slot, a.seq
-        sm.last_used = time.monotonic()
-        if s is not None:
-            sm.tokens = a.prompt + s.out[: s.pos - len(a.prompt)]
-            if a.spec and s.new_hidden.size:
-                sm.last_hidden = s.new_hidden[-1].copy()
-                sm.mtp_len = s.new_pos0
-                tail = s.new_tokens[:-1]
-                sm.mtp_tail = ((s.new_pos0, list(tail), s.new_hidden[:-1].copy())
-                               if tail else None)
-            else:
-                sm.last_hidden = None
-                sm.mtp_len = min(sm.mtp_len, a.n_cached)
-                sm.mtp_tail = None
-        else:  # ended during its prompt
-            sm.tokens = a.prompt[:a.n_done]
-            if a.spec and a.carry is not None:
-                sm.last_hidden = a.carry
-                sm.mtp_len = a.n_done
-            else:
-                sm.last_hidden = None
-                sm.mtp_len = min(sm.mtp_len, a.n_cached)
-            sm.mtp_tail = None
-
-    def _finish(self, a: _Active, reason: str) -> None:
-        if self._active.get(a.slot.id) is not a:
+    def _finish(self, seq: Sequence, status: SeqStatus) -> None:
+        if self._active.get(seq.slot) is not seq:
             return
-        if reason != "stop" and reason != "cancelled":
-            tail, stop = a.text.finish()
+        o = seq.owner
+        if status not in (SeqStatus.FINISHED_STOP, SeqStatus.CANCELLED):
+            tail, stop = o.text.finish()
             if tail:
-                a.handle._push(Event((), tail))
+                o.handle._push(Event((), tail))
             if stop is not None:
-                reason, a.stop_word = "stop", stop
+                status, seq.stop_word = SeqStatus.FINISHED_STOP, stop
+        seq.status = status
         now = time.perf_counter()
-        t = a.timings
-        t.predicted_n = len(a.tokens)
-        t.predicted_ms = (now - a.t_first) * 1000 if a.t_first is not None else 0.0
-        if a.stats is not None:
-            t.draft_n, t.draft_n_accepted = a.stats.n_drafted, a.stats.n_accepted
-        self._release_slot(a)
-        del self._active[a.slot.id]
+        t = o.timings
+        t.predicted_n = len(o.sent)
+        t.predicted_ms = (now - o.t_first) * 1000 if o.t_first is not None else 0.0
+        if o.stats is not None:
+            t.draft_n, t.draft_n_accepted = o.stats.n_drafted, o.stats.n_accepted
+        self._slot_info[seq.slot].last_used = time.monotonic()
+        del self._active[seq.slot]
         with self._lock:
-            self._counts["requests_cancelled" if reason == "cancelled"
+            self._counts["requests_cancelled" if status is SeqStatus.CANCELLED
                          else "requests_finished"] += 1
-            self._counts["generated_tokens"] += len(a.tokens)
-        res = Result(a.handle.id, a.text.text, list(a.tokens), a.prompt, reason, t,
-                     a.slot.id, a.stop_word, a.stats)
-        a.handle._finish(res)
+            self._counts["generated_tokens"] += len(o.sent)
+        o.handle._finish(Result(o.handle.id, o.text.text, list(o.sent), seq.prompt,
+                                seq.finish_reason, t, seq.slot, seq.stop_word, o.stats))
 
     def _finish_waiting(self, h: RequestHandle) -> None:
         """A request cancelled before it got a slot."""
@@ -606,23 +573,23 @@ class Scheduler:
             self._counts["requests_cancelled"] += 1
         h._finish(Result(h.id, "", [], h.prompt_tokens, "cancelled", RequestTimings()))
 
-    def _fail(self, a: _Active, exc: BaseException) -> None:
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
         """The request's step failed: its slot is cleared (caches consistent again) and
         the error goes to its handle; other requests carry on."""
-        sm = a.slot
-        if self._active.get(sm.id) is a:
-            del self._active[sm.id]
+        if self._active.get(seq.slot) is seq:
+            del self._active[seq.slot]
+        seq.status = SeqStatus.FAILED
         try:
-            self.engine.clear(sm.id)
+            self.worker.clear(seq.slot)
         except Exception:
-            log.exception("clearing slot %d failed", sm.id)
-        sm.forget()
+            log.exception("clearing slot %d failed", seq.slot)
         with self._lock:
             self._counts["requests_failed"] += 1
+        h = seq.owner.handle
         msg = exc.message if isinstance(exc, PyggspecError) else f"{type(exc).__name__}: {exc}"
-        err = RequestFailed(f"request {a.handle.id}: {msg}")
+        err = RequestFailed(f"request {h.id}: {msg}")
         err.__cause__ = exc
-        a.handle._fail(err)
+        h._fail(err)
 
     # --- snapshots -------------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:
@@ -630,23 +597,23 @@ class Scheduler:
         ``n_cached`` (tokens in its cache), ``n_prompt``, ``n_decoded``, ``speculative``,
         ``n_checkpoints``, ``checkpoint_bytes``."""
         out = []
-        for sm in self._slots:
-            a = self._active.get(sm.id)
-            out.append({"id": sm.id, "state": "processing" if a is not None else "idle",
-                        "request_id": a.handle.id if a is not None else None,
-                        "n_ctx": self.engine.n_ctx, "n_cached": sm.n_cached,
-                        "n_prompt": len(a.prompt) if a is not None else 0,
-                        "n_decoded": sm.n_decoded,
-                        "speculative": bool(a.spec) if a is not None
-                        else bool(self.engine.spec_type),
-                        "n_checkpoints": len(sm.checkpoints),
-                        "checkpoint_bytes": sm.checkpoint_bytes})
+        mem = self.worker.memory
+        for slot, info in enumerate(self._slot_info):
+            seq = self._active.get(slot)
+            out.append({"id": slot, "state": "processing" if seq is not None else "idle",
+                        "request_id": seq.id if seq is not None else None,
+                        "n_ctx": self.limits.n_ctx, "n_cached": mem.length(slot),
+                        "n_prompt": len(seq.prompt) if seq is not None else 0,
+                        "n_decoded": info.n_decoded,
+                        "speculative": bool(seq.spec) if seq is not None
+                        else self.limits.speculative,
+                        "n_checkpoints": len(mem.checkpoints(slot)),
+                        "checkpoint_bytes": mem.checkpoint_bytes(slot)})
         return out
 
     def checkpoint_bytes(self) -> int:
         """Host bytes held by the slots' prompt checkpoints."""
-        return sum(sm.checkpoint_bytes for sm in self._slots)
-
+        return self.worker.memory.checkpoint_bytes()
     def metrics(self) -> dict[str, Any]:
         """Counters since start: ``requests_total/finished/cancelled/failed``,
         ``prompt_tokens`` (evaluated), ``prompt_tokens_cached``, ``generated_tokens``,
@@ -666,7 +633,7 @@ class Scheduler:
                 "acceptance_per_position": st.per_position,
                 "draft_length_histogram": {k: n for k, n in enumerate(st.draft_lengths) if n},
                 "verify_steps": st.n_steps, "queue_depth": len(self._waiting),
-                "busy_slots": len(self._active), "n_slots": len(self._slots),
+                "busy_slots": len(self._active), "n_slots": self.limits.n_parallel,
                 "tokens_per_second": (sum(n for _, n in recent) / (now - recent[0][0])
                                       if len(recent) > 1 and now > recent[0][0] else 0.0),
                 "prompt_tokens_per_second": (m["prompt_tokens"] / (self._prompt_ms / 1000)
@@ -677,4 +644,4 @@ class Scheduler:
 
     def memory(self) -> dict[str, Any]:
         """Bytes by component and device (``Engine.memory()``, incl. prompt checkpoints)."""
-        return self.engine.memory()
+        return self._memory() if self._memory is not None else {}

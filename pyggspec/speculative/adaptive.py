@@ -114,7 +114,7 @@ class DraftLengthPolicy:
         self.explore_every = explore_every
         self._all = _Counts.zeros(n_max)
         self._seq: dict[int, _Counts] = {}
-        self._owner: dict[int, int] = {}  # slot -> id of the sequence its counts belong to
+        self._owner: dict[int, object] = {}  # slot -> the sequence its counts belong to
         self._steps = 0
         self.chosen: list[int] = [0] * (n_max + 1)  # histogram of chosen draft lengths
 
@@ -125,8 +125,8 @@ class DraftLengthPolicy:
 
     def bind(self, slot: int, owner: object) -> None:
         """``owner`` (a sequence object) is in ``slot``: a different one starts afresh."""
-        if self._owner.get(slot) != id(owner):
-            self._owner[slot] = id(owner)
+        if self._owner.get(slot) != owner:
+            self._owner[slot] = owner
             self.start(slot)
 
     def record(self, slot: int, k: int, n: int) -> None:
@@ -235,7 +235,7 @@ def calibrate(engine, rows: Sequence[int], slot: int = 0, reps: int = 2) -> Cost
     verify batch reads them) and one MTP draft step, on ``slot`` (which must be free; it is
     cleared afterwards). The faster of ``reps`` runs counts (the first also builds graphs,
     which are not compute time anyway)."""
-    from pyggspec.speculative.draft_mtp import DraftRequest
+    from pyggspec.speculative.drafter import DraftRequest
 
     costs = CostModel()
     target = engine.target
@@ -254,7 +254,7 @@ def calibrate(engine, rows: Sequence[int], slot: int = 0, reps: int = 2) -> Cost
         best = None
         for _ in range(reps):
             engine.clear(slot)
-            h = np.zeros((1, engine.hp.n_embd), np.float32)
+            h = np.zeros((1, engine.drafter.n_embd), np.float32)
             engine.drafter.draft([DraftRequest(slot, 0, [ids[0]], h, 0)])  # catch-up only
             before = mtp.compute_ms_total
             engine.drafter.draft([DraftRequest(slot, 1, [ids[1]], h, 0)])  # a one-row run

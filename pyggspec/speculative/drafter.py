@@ -1,4 +1,4 @@
-"""The MTP drafter: keeps each sequence's MTP cache in step with the target and drafts.
+"""The MTP drafter: keeps each slot's MTP cache in step with the target, and drafts.
 
 For every committed position q the head's KV cache holds the pair (x_q, h_{q-1}), with
 h the target's post-norm hidden row (zeros before the first token). After a verify step
@@ -27,6 +27,12 @@ every step -- against the target's token at that position, and drafts with which
 more often (:class:`DraftChoice`; ties, e.g. before the first observation, favour the
 argmax: a slot switches to coupled draws after one step in which only the coupled draw
 matched). Either way the output is plain sampling.
+
+The MTP carry-over lives here, per slot, in one shape (:class:`Carry`): the pairs the
+slot's MTP cache still owes. The worker hands the drafter what a step committed
+(:meth:`MtpDrafter.after_verify`), prompt chunks (:meth:`MtpDrafter.write_prompt`) and
+slot changes (:meth:`MtpDrafter.flush`, :meth:`forget`); prompt checkpoints keep a copy of
+the carry, so a slot resumed from one drafts from the right pairs.
 """
 
 from __future__ import annotations
@@ -37,11 +43,40 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pyggspec.models.batch import padded_rows
 from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult, argmax_probability
 from pyggspec.sampling import RowInput, SamplerChain, plan_chain, sample_host
 from pyggspec.sampling.chain import chain_probability
 
 log = logging.getLogger("pyggspec.speculative")
+
+
+@dataclass(frozen=True)
+class Carry:
+    """The pairs one slot's MTP cache still owes: ``tokens[j]`` (committed by the target
+    at position ``pos0 + j``) paired with ``hidden[j]`` = the target's hidden row of the
+    position before it. ``hidden`` has one row more than ``tokens``: the last committed
+    position's row, which pairs with the next token -- except right after a draft wrote
+    the pending token's pair, when both are empty. The MTP cache holds pairs ``0..pos0-1``.
+    """
+
+    pos0: int
+    tokens: tuple[int, ...]
+    hidden: np.ndarray  # float32 [len(tokens) + 1, n_embd], or [0, n_embd]
+
+    @classmethod
+    def start(cls, pos: int, hidden_row: np.ndarray) -> Carry:
+        """Nothing owed before ``pos``; ``hidden_row`` is the row of position ``pos - 1``."""
+        return cls(pos, (), np.array(hidden_row, np.float32).reshape(1, -1))
+
+    def extend(self, tokens: list[int], hidden: np.ndarray) -> Carry:
+        """Committed ``tokens`` and the hidden rows of the positions they took (the rows
+        after the carry's last one)."""
+        if not len(self.hidden):  # the pending token's pair is written: it is not owed
+            tokens = tokens[1:]
+            return Carry(self.pos0, tuple(tokens), np.array(hidden, np.float32))
+        return Carry(self.pos0, self.tokens + tuple(tokens),
+                     np.concatenate([self.hidden, hidden]))
 
 
 @dataclass
@@ -92,9 +127,11 @@ class MtpDrafter:
     """Drafts with the MTP head: the argmax (in the graph where supported), or, for
     sampling chains with ``coupled``, the chain's own draw (see the module docstring)."""
 
-    def __init__(self, mtp: Mtp, n_embd: int, n_min: int = 0, p_min: float = 0.0,
+    def __init__(self, mtp: Mtp, memory, n_embd: int, n_min: int = 0, p_min: float = 0.0,
                  coupled: bool = False, device=None, backend_sampling: bool = True) -> None:
         self.mtp = mtp
+        self.memory = memory  # the slots' memory: the one writer of the MTP cache length
+        self.carry: dict[int, Carry] = {}  # per slot (absent: the owed pairs are unknown)
         self.n_embd = n_embd
         self.n_min = n_min
         self.p_min = p_min
@@ -207,8 +244,6 @@ class MtpDrafter:
         if not reqs:
             return out
         # 1. catch-up + first draft, one batch; shorter requests padded at their end
-        from pyggspec.speculative.loop import padded_rows
-
         B = len(reqs)
         T = max(len(r.tokens) for r in reqs)
         if T < 64:  # prompt warm-up chunks are large: no need to pad those
@@ -234,8 +269,6 @@ class MtpDrafter:
         res = (self._run(mb, [(sampled[reqs[b].slot], ()) for b in drafting]) if drafting
                else self.mtp.run(mb))
         ends = {r.slot: r.pos0 + len(r.tokens) for r in reqs}
-        for r in reqs:
-            self.mtp.kv.lengths[r.slot] = ends[r.slot]
 
         # 2. autoregressive drafting: one row per still-drafting sequence
         live = [(b, i) for i, b in enumerate(drafting)]  # (request, result row)
@@ -278,9 +311,58 @@ class MtpDrafter:
             live = [(b, i) for i, (b, _) in enumerate(nxt)]
         # draft-time entries past the committed pairs are not committed
         for r in reqs:
-            self.mtp.kv.lengths[r.slot] = ends[r.slot]
+            self.memory.commit_mtp(r.slot, ends[r.slot])
             d = out[r.slot]
             if len(d.tokens) < self.n_min:
                 d.tokens.clear()
                 d.probs.clear()
         return out
+
+    # --- the carry-over, per slot ---------------------------------------------------------
+    def draft_slots(self, items: list[tuple[int, int, int, Callable[[int], bool] | None]],
+                    chains: Mapping[int, SamplerChain] | None = None) -> dict[int, Draft]:
+        """Draft after each slot's owed pairs and its pending token: ``items`` are
+        (slot, pending token, most drafts, stop test). The pairs are written, so each
+        carry becomes empty (the pending token's pair included)."""
+        reqs = []
+        for slot, pending, n_max, is_stop in items:
+            c = self.carry[slot]
+            reqs.append(DraftRequest(slot, c.pos0, [*c.tokens, pending], c.hidden, n_max,
+                                     is_stop))
+        out = self.draft(reqs, chains)
+        for r in reqs:
+            self.carry[r.slot] = Carry(r.pos0 + len(r.tokens), (),
+                                       np.zeros((0, self.n_embd), np.float32))
+        return out
+
+    def after_verify(self, slot: int, committed: list[int], hidden: np.ndarray) -> None:
+        """The target committed ``committed`` (the old pending token and the accepted
+        drafts) with ``hidden`` their rows: they become owed pairs."""
+        c = self.carry.get(slot)
+        if c is not None:
+            self.carry[slot] = c.extend(committed, hidden)
+
+    def write_prompt(self, parts: list[tuple[int, int, list[int], np.ndarray]]) -> None:
+        """Prompt chunks (slot, first position, tokens, their target hidden rows): their
+        pairs go into the MTP cache in one batch, and the carry moves past them."""
+        reqs = []
+        for slot, pos0, tokens, h in parts:
+            c = self.carry.get(slot)
+            if c is None or c.pos0 + len(c.tokens) != pos0:
+                c = Carry.start(pos0, np.zeros(h.shape[1], np.float32))
+            reqs.append(DraftRequest(slot, c.pos0, [*c.tokens, *tokens],
+                                     np.concatenate([c.hidden, h[:-1]]), 0))
+            self.carry[slot] = Carry.start(pos0 + len(tokens), h[-1])
+        self.draft(reqs)
+
+    def flush(self, slot: int) -> None:
+        """Write the slot's owed pairs now (a new request continues from its cache)."""
+        c = self.carry.get(slot)
+        if c is None or not c.tokens:
+            return
+        self.draft([DraftRequest(slot, c.pos0, list(c.tokens), c.hidden[:-1], 0)])
+        self.carry[slot] = Carry.start(c.pos0 + len(c.tokens), c.hidden[-1])
+
+    def forget(self, slot: int) -> None:
+        """The slot's MTP pairs after its cache length are unknown from now on."""
+        self.carry.pop(slot, None)

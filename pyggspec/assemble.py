@@ -1,0 +1,300 @@
+"""Putting an engine together: model file -> placement -> weights -> devices, caches and
+graphs, each sized before anything large is allocated.
+
+:func:`assemble` is the one place that knows the order: open the model, place and load the
+weights, open the devices, plan memory (and degrade snapshot rollback to checkpoints when
+the planned states do not fit), allocate caches and states, build the runners and the
+drafter, reserve the worst-case compute buffers. What it returns (:class:`Parts`) is owned
+by the engine; the worker runs on it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyggspec.compute import reserve_compute
+from pyggspec.config import EngineConfig
+from pyggspec.errors import PyggspecError
+from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
+from pyggspec.ggml.sched import Scheduler
+from pyggspec.memory import KVCache, RecurrentState, SlotMemory
+from pyggspec.modelfile import open_model
+from pyggspec.models.batch import padded_rows
+from pyggspec.models.qwen35 import Target
+from pyggspec.sampling import graph_sampling
+from pyggspec.sampling.session import SequenceSamplers
+
+log = logging.getLogger("pyggspec.engine")
+
+
+def _device_accepts(device: str, info) -> bool:
+    """Placement's question to the binding: can ``device`` hold this weight at all."""
+    return _accepts(device, info.type_name, tuple(info.ne[: info.n_dims]))
+
+
+@functools.lru_cache(maxsize=1024)
+def _accepts(device: str, type_name: str, ne: tuple[int, ...]) -> bool:
+    """Asked once per (device, type, shape): every layer repeats the same few shapes, and
+    an RPC device answers each question over the network."""
+    return get_device(device).accepts(type_name, ne)
+
+
+@dataclass
+class Parts:
+    """Everything one engine owns, closed in reverse order of creation."""
+
+    cfg: EngineConfig
+    model: Any = None
+    hp: Any = None
+    n_vocab: int = 0
+    n_ctx: int = 0
+    placement: Any = None
+    weights: Any = None
+    backend_sampling: bool = False
+    rollback: str | None = None
+    kv: KVCache | None = None
+    rs: RecurrentState | None = None
+    mtp_kv: KVCache | None = None
+    backends: list[Backend] = field(default_factory=list)
+    sched: Scheduler | None = None
+    mtp_sched: Scheduler | None = None
+    memory_plan: Any = None
+    compute: Any = None
+    step_rows: int = 0
+    target: Target | None = None
+    mtp: Any = None
+    drafter: Any = None
+    memory: SlotMemory | None = None
+    samplers: SequenceSamplers | None = None
+    policy: Any = None
+    closers: list = field(default_factory=list)
+
+    def close(self) -> None:
+        while self.closers:
+            self.closers.pop().close()
+
+
+def assemble(model_path: str, cfg: EngineConfig) -> Parts:
+    """Build every part of an engine for ``cfg`` (see the module docstring)."""
+    from pyggspec.weights import load_weights, plan_placement
+
+    p = Parts(cfg)
+    try:
+        p.model = open_model(model_path, cfg.mtp_path)
+        p.closers.append(p.model)
+        trunk = p.model.trunk
+        if not trunk.has_trunk:
+            raise PyggspecError(model_path, "this is an MTP-only file; pass the trunk model "
+                                "with -m and this file with --spec-draft-model")
+        p.hp = hp = trunk.hparams
+        p.n_vocab = trunk.n_vocab
+        p.n_ctx = cfg.n_ctx
+        if hp.n_ctx_train and cfg.n_ctx > hp.n_ctx_train:
+            p.n_ctx = hp.n_ctx_train
+            log.warning("-c %d is more than the model's training context; using %d",
+                        cfg.n_ctx, hp.n_ctx_train)
+        cfg.sampling.check_vocab(p.n_vocab)
+        spec = cfg.spec
+        grafted = False
+        if cfg.speculative and p.model.mtp_file is None:
+            if trunk.mtp.status != "grafted":
+                raise PyggspecError(model_path, f"no MTP head (nextn_predict_layers = "
+                                    f"{hp.n_layer_nextn}); pass --spec-draft-model "
+                                    "mtp-….gguf")
+            grafted = True
+        # a registered RPC device whose server is gone cannot take layers
+        names = [d.name for d in devices() if d.reachable()]
+        p.placement = plan_placement(trunk, names, cfg.n_gpu_layers, cfg.device,
+                                     cfg.override_tensor, cfg.cpu_moe, include_mtp=grafted,
+                                     accepts=_device_accepts)
+        for name, dev in p.placement.refused.items():
+            t = trunk.tensors[name]
+            log.warning("%s cannot hold %s (%s, %.0f MiB) as an operand: keeping it on "
+                        "the CPU", dev, name, t.type_name, t.nbytes / 2**20)
+        p.weights = load_weights(p.model, p.placement, use_mmap=cfg.use_mmap,
+                                 progress=cfg.progress, repack=cfg.repack)
+        p.closers.append(p.weights)
+        # None: chains in the graph unless the logits are on the CPU (graph_sampling)
+        p.backend_sampling = graph_sampling(cfg.backend_sampling, p.placement.output_device)
+        if cfg.speculative and spec.draft_head:
+            _add_draft_head(p, spec.draft_head)
+        # verify/draft batches may run n_max + 2 positions past the committed ones
+        kv_cells = p.n_ctx + (spec.n_max + 2 if cfg.speculative else 0)
+        layer_dev = {il: get_device(p.placement.layer_devices[il]) for il in range(hp.n_layer)}
+        attn = {il: d for il, d in layer_dev.items() if not hp.is_recurrent(il)}
+        recr = {il: d for il, d in layer_dev.items() if hp.is_recurrent(il)}
+        p.kv = KVCache(attn, hp.n_embd_k_gqa, hp.n_embd_v_gqa, kv_cells, cfg.n_parallel,
+                       cfg.type_k, cfg.type_v)
+        p.closers.append(p.kv)
+        p.rollback = _choose_rollback(cfg, hp, recr) if cfg.speculative else None
+        used = {p.placement.output_device, *p.placement.layer_devices[: hp.n_layer]}
+        for name in sorted(used - {"CPU"}):
+            p.backends.append(get_device(name).open())
+        p.backends.append(cpu_device().open(cfg.threads))
+        p.closers.extend(p.backends)
+        p.sched = Scheduler(p.backends)
+        p.closers.append(p.sched)
+        # the MTP head runs on its own scheduler (target and draft graphs never evict
+        # each other's allocation)
+        if cfg.speculative:
+            p.mtp_sched = Scheduler(p.backends)
+            p.closers.append(p.mtp_sched)
+        p.memory_plan = plan_memory(p)
+        _check_fit(p)
+        planes = 1
+        if p.rollback == "snapshot":
+            planes = spec.n_max + 3  # current + one per verify row (padding included)
+        elif p.rollback == "checkpoint":
+            planes = 2
+        p.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, cfg.n_parallel, planes)
+        p.closers.append(p.rs)
+        p.target = Target(hp, p.weights, p.kv, p.rs, p.sched)
+        p.target.step_rows = p.step_rows
+        p.closers.append(p.target)
+        if cfg.speculative:
+            _init_mtp(p, kv_cells)
+        p.memory = SlotMemory(p.kv, p.rs, p.mtp_kv)
+        if p.drafter is not None:
+            p.drafter.memory = p.memory
+        # compute buffers at their worst case now, so they never grow while generating
+        reserve_compute(p.compute, p.target, p.mtp)
+        out_dev = get_device(p.placement.output_device)
+        p.samplers = SequenceSamplers(cfg.sampling, p.n_vocab, out_dev, p.backend_sampling,
+                                      p.target.register_plan,
+                                      output_split=p.placement.output_split)
+        return p
+    except BaseException:
+        p.close()
+        raise
+
+
+def plan_memory(p: Parts):
+    """Every component predicted before the states are allocated; compute buffers from
+    ggml's sizing of the worst-case graphs on this engine's schedulers (reserved for real
+    once the states exist, so the engine's ``memory()`` reports the same numbers)."""
+    from pyggspec.compute import GraphOptions, sampling_sizing, size_compute
+    from pyggspec.memory.plan import plan_memory as plan
+
+    cfg, hp = p.cfg, p.hp
+    mtp_dev = mtp_hp = None
+    if cfg.speculative:
+        mtp_dev = p.weights.device_of(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
+        mtp_hp = p.model.mtp_file.hparams if p.model.mtp_file is not None else None
+    opts = GraphOptions(p.n_ctx, cfg.n_parallel, cfg.n_ubatch,
+                        cfg.spec.n_max if cfg.speculative else 0, p.rollback,
+                        cfg.type_k, cfg.type_v, cfg.mtp_type_k, cfg.mtp_type_v,
+                        device_argmax=cfg.draft_backend_sampling,
+                        draft_vocab=max(0, cfg.spec.draft_vocab))
+    layer_devs = {il: get_device(p.placement.layer_devices[il]) for il in range(hp.n_layer)}
+    p.step_rows = opts.step_rows  # graphs up to this many rows keep their scheduler
+    coupled = bool(cfg.speculative and cfg.spec.draft_sampling == "coupled"
+                   and cfg.draft_backend_sampling and cfg.spec.p_min == 0)
+    sizing = sampling_sizing(p.n_vocab, p.placement, p.weights, hp.n_layer,
+                             backend_sampling=cfg.backend_sampling, coupled_drafts=coupled,
+                             default=cfg.sampling)
+    p.compute = size_compute(opts, hp, p.weights, layer_devs, p.sched, p.mtp_sched, mtp_hp,
+                             mtp_dev, sizing)
+    return plan(hp, p.n_vocab, dict(p.weights.bytes_by_device()), p.placement.layer_devices,
+                p.placement.output_device, n_ctx=p.n_ctx, n_parallel=cfg.n_parallel,
+                n_ubatch=cfg.n_ubatch, type_k=cfg.type_k, type_v=cfg.type_v,
+                spec_n_max=opts.spec_n_max, rollback=p.rollback,
+                mtp_device=mtp_dev.name if mtp_dev is not None else None, mtp_hp=mtp_hp,
+                mtp_type_k=cfg.mtp_type_k, mtp_type_v=cfg.mtp_type_v,
+                compute=p.compute.by_device(), step_graphs=p.compute.steps)
+
+
+def _check_fit(p: Parts) -> None:
+    """Say so before allocating when states do not fit a device; snapshots degrade to
+    checkpoints first (llama.cpp would run out of memory at allocation instead)."""
+    for _ in range(2):
+        too_big = []
+        for dev_name, n in p.memory_plan.by_device().items():
+            dev = get_device(dev_name)
+            free, total = dev.memory()
+            # weights are allocated (or mapped) already: count what is still to come
+            need = n - p.memory_plan.components.get("weights", {}).get(dev_name, 0)
+            if total and need > free:
+                too_big.append((dev_name, need, free))
+        if not too_big:
+            return
+        if p.rollback == "snapshot" and p.cfg.spec.rollback == "auto":
+            p.rollback = "checkpoint"
+            p.memory_plan = plan_memory(p)
+            continue
+        dev_name, need, free = too_big[0]
+        raise PyggspecError(dev_name, f"needs {need / 2**20:.1f} MiB more for caches, "
+                            f"states and compute but only {free / 2**20:.1f} MiB are free; "
+                            "lower -c/--parallel/--spec-draft-n-max or use "
+                            "--spec-rollback checkpoint")
+
+
+def _choose_rollback(cfg: EngineConfig, hp, recr_devices: dict) -> str:
+    """Snapshot planes when they fit on the devices holding the recurrent state, else
+    checkpoints (two planes); an explicit choice is honoured."""
+    want = cfg.spec.rollback
+    if want in ("snapshot", "checkpoint"):
+        return want
+    per_plane = (hp.n_embd_r + hp.n_embd_s) * 4 * cfg.n_parallel
+    need: dict[str, int] = {}
+    for dev in recr_devices.values():
+        need[dev.name] = need.get(dev.name, 0) + per_plane * (cfg.spec.n_max + 3)
+    for name, n in need.items():
+        dev = get_device(name)
+        free, total = dev.memory()
+        if not dev.is_cpu and total and n > free:
+            return "checkpoint"
+    return "snapshot"
+
+
+def _add_draft_head(p: Parts, type_name: str) -> None:
+    """A lower-bit copy of the MTP head's LM head for drafting (--spec-draft-head): a
+    draft step reads the whole vocabulary's head, most of its cost."""
+    from pyggspec.ggml.quantize import quantizable
+    from pyggspec.models.mtp import MtpWeights
+
+    ok, why = quantizable(type_name)
+    if not ok:
+        raise PyggspecError("--spec-draft-head", why)
+    w = MtpWeights(p.weights, p.hp.n_layer)
+    p.weights.add_requantized(w.DRAFT_HEAD, w.head_name, type_name)
+
+
+def _init_mtp(p: Parts, kv_cells: int) -> None:
+    from pyggspec.models.mtp import Mtp, MtpWeights
+    from pyggspec.speculative.drafter import MtpDrafter
+
+    cfg, hp = p.cfg, p.hp
+    block = hp.n_layer
+    mtp_hp = p.model.mtp_file.hparams if p.model.mtp_file is not None else hp
+    if mtp_hp.n_embd_out != hp.n_embd_out:
+        raise PyggspecError(None, "MTP head width differs from the target's")
+    w = MtpWeights(p.weights, block)
+    dev = p.weights.device_of(f"blk.{block}.nextn.eh_proj.weight")
+    p.mtp_kv = KVCache({block: dev}, mtp_hp.n_embd_k_gqa, mtp_hp.n_embd_v_gqa, kv_cells,
+                       cfg.n_parallel, cfg.mtp_type_k, cfg.mtp_type_v, label="mtp-kv")
+    p.closers.append(p.mtp_kv)
+    p.mtp = Mtp(mtp_hp, w, p.mtp_kv, p.mtp_sched, device_argmax=cfg.draft_backend_sampling,
+                draft_vocab=cfg.spec.draft_vocab)
+    p.mtp.step_rows = p.step_rows
+    p.closers.append(p.mtp)
+    head_dev = p.weights.device_of(w.head_name)
+    chains_in_graph = cfg.draft_backend_sampling and graph_sampling(cfg.backend_sampling,
+                                                                    head_dev.name)
+    p.drafter = MtpDrafter(p.mtp, None, hp.n_embd, cfg.spec.n_min, cfg.spec.p_min,
+                           coupled=cfg.spec.draft_sampling == "coupled", device=head_dev,
+                           backend_sampling=chains_in_graph)
+
+
+def make_policy(worker, cfg: EngineConfig):
+    """Adaptive draft length: costs measured now on this device (one sequence of every
+    row count a verify batch can have), refined by every step afterwards."""
+    from pyggspec.speculative.adaptive import DraftLengthPolicy, calibrate
+
+    n_max = cfg.spec.n_max
+    rows = {padded_rows(t, B) * B for B in range(1, cfg.n_parallel + 1)
+            for t in range(1, n_max + 2)}
+    costs = calibrate(worker, sorted(rows))
+    return DraftLengthPolicy(n_max, costs, padded_rows)

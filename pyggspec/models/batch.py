@@ -1,0 +1,48 @@
+"""What a model graph is fed and what it returns, and the one padding rule for batch rows.
+
+Below both the runners that build batches (the worker, the drafter) and the code that sizes
+graphs ahead of time (``compute``): they all take shapes from :func:`padded_rows`, so a
+batch the loop runs is a shape the compute buffers were sized for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def padded_rows(T: int, B: int) -> int:
+    """Rows per sequence for a batch of B sequences needing T rows each.
+
+    ggml's CPU matrix kernels take activation columns in pairs: an odd count of three or
+    more costs more than one more column (0.8B q8_0, 2 threads: 3 tokens 128 ms, 4 tokens
+    117 ms; 5: 174 ms, 6: 155 ms). Padding rows are evaluated and ignored.
+    """
+    if T * B >= 3 and (T * B) % 2 == 1:
+        return T + 1
+    return T
+
+
+@dataclass
+class UBatch:
+    """B sequences x T tokens each; ``outputs`` marks which flat rows need logits."""
+
+    tokens: np.ndarray  # int32 [B, T]
+    pos0: np.ndarray  # int64 [B]: position of each sequence's first token here
+    slots: tuple[int, ...]
+    outputs: np.ndarray  # int32 [n_out]: flat indices (b*T + t) that need logits
+    hidden: bool = False
+    state_src: np.ndarray | None = None  # int32 [B]: recurrent rows to read
+    state_dst: np.ndarray | None = None  # int32 [n_write, B]: rows for the new states
+    sampling: int = 0  # sampling plan id (Target.register_plan); 0: logits come back
+    rows: list | None = None  # RowInput per output row, for the device sampling prefix
+
+
+@dataclass
+class StepResult:
+    logits: np.ndarray  # float32 [n_out, n_vocab]
+    hidden: np.ndarray | None  # float32 [n_tokens, n_embd] (post output_norm) or None
+    ids: np.ndarray | None = None  # int32 [n_out]: tokens chosen by the sampler chain
+
+

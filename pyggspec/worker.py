@@ -1,0 +1,422 @@
+"""The worker: owns the target, the MTP head and its drafter, the slots' memory and the
+sampler chains; ``run(batch) -> StepOutput`` evaluates one scheduled step.
+
+It returns what the target chose and never decides that a sequence is finished (the
+scheduler's update does). One speculative step, as small functions with plain inputs::
+
+    drafts = self._draft(items)                    # MTP: owed pairs + drafts, one batch
+    ub, layout = self._verify_batch(items, drafts) # [pending, d1..dk] per sequence, padded
+    res = self.target.run(ub)                      # one verify graph
+    for each sequence:
+        tokens, n = accept(drafts, choose, is_stop)       # pure (speculative/verify.py)
+        self._commit(slot, pending, drafts[:n], n, ...)   # memory + MTP carry-over
+
+The worker also offers the low-level evaluation behind ``Engine.decode/eval/step``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from pyggspec.errors import PyggspecError
+from pyggspec.memory.slots import SlotMemory
+from pyggspec.models.batch import StepResult, UBatch, padded_rows
+from pyggspec.serving.prefix_cache import common_prefix
+from pyggspec.serving.sequence import Batch, DecodeItem, PromptChunk, SeqOutput, StepOutput
+from pyggspec.speculative.verify import accept
+
+log = logging.getLogger("pyggspec.worker")
+
+
+class Worker:
+    """Runs batches on the engine's graphs; the only code that moves the slots' memory.
+
+    Built by :func:`pyggspec.assemble.assemble` (placement, caches, graphs, drafter);
+    see there for what each part is.
+    """
+
+    def __init__(self, parts) -> None:
+        self.parts = parts
+        self.target = parts.target
+        self.mtp = parts.mtp
+        self.drafter = parts.drafter
+        self.memory: SlotMemory = parts.memory
+        self.samplers = parts.samplers
+        self.policy = parts.policy  # adaptive draft length (None: always the cap)
+        self.n_ctx = parts.n_ctx
+        self.n_vocab = parts.n_vocab
+        self.n_ubatch = parts.cfg.n_ubatch
+        self.n_batch = parts.cfg.n_batch
+        self.n_parallel = parts.cfg.n_parallel
+        self.ctx_checkpoints = parts.cfg.ctx_checkpoints
+        self.spec = parts.cfg.spec
+        self.speculative = parts.cfg.speculative
+        self.snapshot = parts.rollback == "snapshot"
+        self._plain_ubs: dict[int, UBatch] = {}
+        self._step_ubs: dict[int, UBatch] = {}
+
+    # --- one scheduled step ------------------------------------------------------------
+    def run(self, batch: Batch) -> StepOutput:
+        """Evaluate ``batch``: its prompt chunks, then its decode/verify part. A part that
+        raises fails only its own sequences (listed in ``out.failed``)."""
+        out = StepOutput()
+        if batch.prompt:
+            try:
+                self._prompt(batch.prompt, out)
+            except Exception as exc:
+                log.exception("prompt chunk failed")
+                for c in batch.prompt:
+                    out.failed[c.slot] = exc
+                    out.seqs.pop(c.slot, None)
+        if batch.decode:
+            t0, dev0 = time.perf_counter(), self.device_ms()
+            try:
+                if self.speculative and any(d.spec for d in batch.decode):
+                    self._speculative(batch.decode, out)
+                else:
+                    self._plain(batch.decode, out)
+            except Exception as exc:
+                log.exception("decode step failed")
+                for d in batch.decode:
+                    out.failed[d.slot] = exc
+                    out.seqs.pop(d.slot, None)
+            out.device_ms = self.device_ms() - dev0
+            out.decode_ms = (time.perf_counter() - t0) * 1000
+        return out
+
+    def _prompt(self, chunks: list[PromptChunk], out: StepOutput) -> None:
+        """One ubatch of prompt chunks (equal lengths); the warm ones' pairs go into the
+        MTP cache; a chunk that ends its prompt samples the first token when asked."""
+        T, B = len(chunks[0].tokens), len(chunks)
+        tokens = np.array([c.tokens for c in chunks], np.int32).reshape(B, T)
+        outputs = np.array([b * T + T - 1 for b, c in enumerate(chunks) if c.last], np.int32)
+        if outputs.size == 0:
+            outputs = np.array([T - 1], np.int32)  # keep the graph well-formed
+        warm = any(c.warm for c in chunks)
+        res = self.target.run(UBatch(tokens, np.array([c.pos0 for c in chunks], np.int64),
+                                     tuple(c.slot for c in chunks), outputs, warm), copy=False)
+        for c in chunks:
+            self.memory.commit(c.slot, c.tokens)
+        n_mtp = 0
+        if warm:
+            h = res.hidden.reshape(B, T, -1)
+            before = self.mtp.n_evals
+            self.drafter.write_prompt([(c.slot, c.pos0, c.tokens, h[b])
+                                       for b, c in enumerate(chunks) if c.warm])
+            n_mtp = self.mtp.n_evals - before
+        for c in chunks:
+            if c.checkpoint:
+                self.save_checkpoint(c.slot, c.warm, self.ctx_checkpoints)
+        rows = {int(r): i for i, r in enumerate(outputs)}
+        for b, c in enumerate(chunks):
+            so = out.seqs[c.slot] = SeqOutput(target_evals=1, mtp_evals=n_mtp)
+            if c.sample:
+                t = self.samplers.choose(c.slot, res.logits[rows[b * T + T - 1]])
+                self.samplers.accept(c.slot, t)
+                so.tokens.append(t)
+
+    def _plain(self, items: list[DecodeItem], out: StepOutput) -> None:
+        """One token for every sequence in one ubatch (B x 1); the host arrays of each
+        batch size are kept, so a step writes B ids, positions and state rows."""
+        B = len(items)
+        ub = self._plain_ubs.get(B)
+        if ub is None:
+            rows = np.zeros(B, np.int32)
+            ub = self._plain_ubs[B] = UBatch(np.zeros((B, 1), np.int32), np.zeros(B, np.int64),
+                                             (), np.arange(B, dtype=np.int32), state_src=rows,
+                                             state_dst=rows[None, :])
+        tok, pos0, src = ub.tokens, ub.pos0, ub.state_src
+        mem, samplers = self.memory, self.samplers
+        for b, it in enumerate(items):
+            tok[b, 0] = it.pending
+            pos0[b] = mem.length(it.slot)
+            src[b] = mem.state_row(it.slot)
+        ub.slots = tuple(it.slot for it in items)
+        ub.sampling = plan = samplers.plan_id(B, 1, ub.slots)
+        ub.rows = samplers.rows([(it.slot, ()) for it in items]) if plan else None
+        res = self.target.run(ub, copy=False)
+        for b, it in enumerate(items):
+            mem.commit(it.slot, (it.pending,))
+            t = int(res.ids[b]) if res.ids is not None else samplers.choose(it.slot, res.logits[b])
+            if not it.is_stop(t):
+                samplers.accept(it.slot, t)
+            out.seqs[it.slot] = SeqOutput([t], target_evals=1)
+
+    # --- the speculative step ------------------------------------------------------------
+    def _speculative(self, items: list[DecodeItem], out: StepOutput) -> None:
+        """Draft -> verify -> accept -> commit for every sequence, in one batch each."""
+        t_step = time.perf_counter()
+        caps, chosen, drafting = self._draft_lengths(items)
+        before, ms0 = self.mtp.n_evals, self.mtp.compute_ms_total
+        drafts = self.drafter.draft_slots(
+            [(it.slot, it.pending, caps[it.slot], it.is_stop) for it in items
+             if it.slot in drafting], self.samplers.chains)
+        n_mtp = self.mtp.n_evals - before
+        policy = self.policy
+        if policy is not None and n_mtp and any(caps[s] > 0 for s in drafting):
+            policy.costs.observe("mtp", len(drafting), 1,
+                                 (self.mtp.compute_ms_total - ms0) / n_mtp)
+        dtoks = [drafts[it.slot].tokens if it.slot in drafts else [] for it in items]
+        ub, planes, prefixes = self._verify_batch(items, dtoks)
+        B, T = ub.tokens.shape
+        ms0 = self.target.compute_ms_total
+        res = self.target.run(ub, copy=False)
+        if policy is not None:
+            policy.costs.observe("verify", B, T, self.target.compute_ms_total - ms0)
+        hidden = res.hidden.reshape(B, T, -1)
+        ids = res.ids.reshape(B, T) if res.ids is not None else None
+        logits = res.logits.reshape(B, T, -1) if res.logits is not None else None
+        replay: dict[int, list[int]] = {}
+        for b, it in enumerate(items):
+            d = dtoks[b]
+            if ids is not None:
+                choose = (lambda i, b=b: int(ids[b, i]))
+            else:
+                choose = (lambda i, b=b, slot=it.slot, d=d: self.samplers.choose(
+                    slot, logits[b, i], prefixes[b][i] if prefixes is not None else d[:i]))
+            choices, n, stopped = accept(d, choose, it.is_stop)  # len(d) < room
+            emitted = choices[:-1] if stopped else choices
+            dr = drafts.get(it.slot)
+            if dr is not None and dr.first is not None and emitted:
+                self.drafter.observe(it.slot, dr, emitted[0])  # coupled draw vs argmax
+            for t in emitted:
+                self.samplers.accept(it.slot, t)
+            k = min(n, len(d))
+            if policy is not None and it.spec and d:
+                policy.record(it.slot, len(d), k)
+            so = out.seqs[it.slot] = SeqOutput(choices, len(d), k, it.spec, target_evals=1,
+                                               mtp_evals=n_mtp if it.spec else 0)
+            committed = [it.pending, *d[:n]]
+            if self.snapshot:  # the plane holding the state after the last accepted row
+                self.memory.commit(it.slot, committed, planes[b][T - 1 - n])
+            elif n == T - 1:  # all accepted, no padding: the spare plane's state is complete
+                self.memory.commit(it.slot, committed, planes[b][0])
+            else:  # checkpoint: state still "before pending"; re-evaluate what was accepted
+                replay[it.slot] = committed
+                so.target_evals += 1
+            self.drafter.after_verify(it.slot, committed, hidden[b, : n + 1])
+        out.target_evals += 1
+        out.mtp_evals += n_mtp
+        if replay:
+            self.decode(replay, logits="last")
+            out.target_evals += len({len(t) for t in replay.values()})
+        if chosen is not None:  # the policy learns what whole steps of this length cost
+            policy.observe_step(len(caps), chosen + 1, (time.perf_counter() - t_step) * 1000)
+
+    def _draft_lengths(self, items: list[DecodeItem],
+                       ) -> tuple[dict[int, int], int | None, set[int]]:
+        """Per speculating slot its draft count (the scheduler's cap, lowered by the
+        adaptive policy to one length for the batch), the policy's choice, and the slots
+        that draft this step (a slot the policy gives nothing keeps its pairs owed while
+        they are few: the MTP head rests)."""
+        caps = {it.slot: it.n_draft for it in items if it.spec}
+        policy = self.policy
+        chosen = None
+        if policy is not None and caps:
+            for it in items:
+                if it.spec:
+                    policy.bind(it.slot, it.seq_id)
+            chosen = policy.choose(list(caps), list(caps.values()))
+            caps = {slot: min(c, chosen) for slot, c in caps.items()}
+        drafting = set(caps)
+        if policy is not None:
+            n_max = self.spec.n_max
+            carry = self.drafter.carry
+            drafting = {s for s, c in caps.items() if c > 0 or len(carry[s].tokens) + 1 > n_max}
+        return caps, chosen, drafting
+
+    def _verify_batch(self, items: list[DecodeItem], dtoks: list[list[int]],
+                      ) -> tuple[UBatch, list[list[int]], list | None]:
+        """[pending, d1..dk] for every sequence, padded to a common length (padding
+        repeats the last token; its rows are ignored), with the recurrent-state planes each
+        row's state goes to: one per row (snapshot rollback) or the final one (checkpoint).
+        Returns (ubatch, planes per sequence, per-row draft prefixes for device sampling)."""
+        mem, samplers = self.memory, self.samplers
+        B = len(items)
+        T = padded_rows(max(len(d) for d in dtoks) + 1, B)
+        tokens = np.zeros((B, T), np.int32)
+        for b, it in enumerate(items):
+            d = dtoks[b]
+            tokens[b, 0] = it.pending
+            tokens[b, 1:1 + len(d)] = d
+            tokens[b, 1 + len(d):] = d[-1] if d else it.pending
+        src = np.array([mem.state_row(it.slot) for it in items], np.int32)
+        if self.snapshot:  # plane for the state after token T-1-j
+            planes = [mem.spare_planes(it.slot)[:T] for it in items]
+            dst = np.array([[mem.state_row(it.slot, planes[b][j]) for b, it in enumerate(items)]
+                            for j in range(T)], np.int32)
+        else:
+            planes = [mem.spare_planes(it.slot)[:1] for it in items]
+            dst = np.array([[mem.state_row(it.slot, planes[b][0])
+                             for b, it in enumerate(items)]], np.int32)
+        slots = tuple(it.slot for it in items)
+        plan = samplers.plan_id(B * T, T, slots)
+        prefixes = [[tuple(dtoks[b][:i]) for i in range(T)] for b in range(B)] if plan else None
+        rows = (samplers.rows([(it.slot, prefixes[b][i]) for b, it in enumerate(items)
+                               for i in range(T)]) if plan else None)
+        pos0 = np.array([mem.length(it.slot) for it in items], np.int64)
+        ub = UBatch(tokens, pos0, slots, np.arange(B * T, dtype=np.int32), hidden=True,
+                    state_src=src, state_dst=dst, sampling=plan, rows=rows)
+        return ub, planes, prefixes
+
+    # --- slots -------------------------------------------------------------------------
+    def begin(self, slot: int, prompt: list[int], params, reuse: bool, spec: bool) -> int:
+        """A new request in ``slot``: continue from the slot's cache where the prompt
+        allows (the committed tokens, else the newest checkpoint inside the common prefix)
+        and start its sampler chain. Returns the prompt tokens reused."""
+        start = self._resume(slot, prompt, reuse, spec)
+        self.samplers.start(slot, prompt, params)
+        return start
+
+    def _resume(self, slot: int, prompt: list[int], reuse: bool, spec: bool) -> int:
+        mem, drafter = self.memory, self.drafter
+        c = min(common_prefix(mem.tokens(slot), prompt) if reuse else 0, len(prompt) - 1)
+        start, carry = 0, None
+        if c > 0:
+            if spec:
+                drafter.flush(slot)  # pairs still owed to the MTP cache
+            n = mem.length(slot)
+            cur = drafter.carry.get(slot) if spec else None
+            if c == n and (not spec or (cur is not None and mem.mtp_length(slot) >= n)):
+                start, carry = n, cur
+            else:
+                for ck in reversed(mem.checkpoints(slot)):
+                    if ck.pos <= c and (not spec or (ck.carry is not None
+                                                     and mem.mtp_length(slot) >= ck.pos)):
+                        mem.restore(slot, ck)
+                        start, carry = ck.pos, ck.carry
+                        break
+        if start == 0:
+            self.clear(slot)
+            return 0
+        mem.truncate(slot, start)
+        if drafter is not None:
+            if carry is not None:
+                drafter.carry[slot] = carry
+            else:
+                drafter.forget(slot)
+        return start
+
+    def save_checkpoint(self, slot: int, spec: bool, keep: int) -> None:
+        """A host copy of the slot's recurrent state here (with the MTP carry when the
+        slot speculates); the newest ``keep`` are kept."""
+        carry = self.drafter.carry.get(slot) if spec and self.drafter is not None else None
+        self.memory.save_checkpoint(slot, carry, keep)
+
+    def clear(self, slot: int) -> None:
+        self._check_slot(slot)
+        self.memory.clear(slot)
+        if self.drafter is not None:
+            self.drafter.forget(slot)
+
+    def copy(self, src: int, dst: int) -> None:
+        self._check_slot(src)
+        self._check_slot(dst)
+        self.memory.copy(src, dst)
+        if self.drafter is not None:
+            c = self.drafter.carry.get(src)
+            if c is None:
+                self.drafter.forget(dst)
+            else:
+                self.drafter.carry[dst] = c
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.n_parallel:
+            raise PyggspecError(None, f"sequence id {slot} outside 0..{self.n_parallel - 1}")
+
+    def device_ms(self) -> float:
+        """Device time (compute + graph building) of every graph run so far."""
+        total = self.target.compute_ms_total + self.target.build_ms_total
+        if self.mtp is not None:
+            total += self.mtp.compute_ms_total + self.mtp.build_ms_total
+        return total
+
+    # --- low-level evaluation (Engine.decode / eval / step) ---------------------------------
+    def decode(self, batch: Mapping[int, Seq[int]], logits: str = "last",
+               hidden: bool = False) -> dict[int, StepResult]:
+        """Append tokens to several sequences at once; logits ``"last"`` or ``"all"`` rows.
+
+        Sequences are grouped into ubatches of equal length (B sequences x T tokens), at
+        most ``n_ubatch`` tokens each, in slot order, never across a sequence's logical
+        batch (-b) boundary.
+        """
+        if logits not in ("last", "all"):
+            raise ValueError("logits must be 'last' or 'all'")
+        mem = self.memory
+        pending: dict[int, np.ndarray] = {}
+        for seq, toks in batch.items():
+            self._check_slot(seq)
+            arr = np.asarray(toks, dtype=np.int32).reshape(-1)
+            if arr.size == 0:
+                continue
+            if arr.min() < 0 or arr.max() >= self.n_vocab:
+                raise PyggspecError(None, f"sequence {seq}: token id out of range 0.."
+                                    f"{self.n_vocab - 1}")
+            if mem.length(seq) + arr.size > self.n_ctx:
+                raise PyggspecError(None, f"sequence {seq}: context full ({self.n_ctx} tokens)")
+            pending[seq] = arr
+        out_logits: dict[int, list[np.ndarray]] = {s: [] for s in pending}
+        out_hidden: dict[int, list[np.ndarray]] = {s: [] for s in pending}
+        done = dict.fromkeys(pending, 0)
+        while True:
+            left = {s: a.size - done[s] for s, a in pending.items() if a.size > done[s]}
+            if not left:
+                break
+            # one ubatch: the sequences sharing the smallest remaining count, chunked
+            T = min(min(left.values()), self.n_ubatch)
+            seqs = sorted(s for s, n in left.items() if n >= T)[: max(1, self.n_ubatch // T)]
+            T = min(T, *(self.n_batch - done[s] % self.n_batch for s in seqs))
+            tokens = np.stack([pending[s][done[s]: done[s] + T] for s in seqs])
+            pos0 = np.array([mem.length(s) for s in seqs], dtype=np.int64)
+            if logits == "all":
+                outputs = np.arange(T * len(seqs), dtype=np.int32)
+            else:
+                outputs = np.array([i * T + T - 1 for i, s in enumerate(seqs)
+                                    if done[s] + T == pending[s].size], dtype=np.int32)
+                if outputs.size == 0:
+                    outputs = np.array([T - 1], dtype=np.int32)  # keep the graph well-formed
+            res = self.target.run(UBatch(tokens, pos0, tuple(seqs), outputs, hidden))
+            rows = {int(r): i for i, r in enumerate(outputs)}
+            for i, s in enumerate(seqs):
+                mem.commit(s, tokens[i])
+                if logits == "all":
+                    out_logits[s].append(res.logits[i * T:(i + 1) * T])
+                elif (i * T + T - 1) in rows and done[s] + T == pending[s].size:
+                    out_logits[s].append(res.logits[rows[i * T + T - 1]][None])
+                if hidden and res.hidden is not None:
+                    out_hidden[s].append(res.hidden[i * T:(i + 1) * T])
+                done[s] += T
+        return {s: StepResult(np.concatenate(out_logits[s]) if out_logits[s] else
+                              np.zeros((0, self.n_vocab), np.float32),
+                              np.concatenate(out_hidden[s]) if hidden else None)
+                for s in pending}
+
+    def step(self, slot: int, token: int) -> np.ndarray:
+        """Decode one token for one sequence and return its logits row (a copy); the host
+        arrays of the ubatch are kept per sequence."""
+        self._check_slot(slot)
+        if not 0 <= token < self.n_vocab:
+            raise PyggspecError(None, f"sequence {slot}: token id {token} out of range 0.."
+                                f"{self.n_vocab - 1}")
+        n = self.memory.length(slot)
+        if n + 1 > self.n_ctx:
+            raise PyggspecError(None, f"sequence {slot}: context full ({self.n_ctx} tokens)")
+        ub = self._step_ubs.get(slot)
+        if ub is None:
+            ub = UBatch(np.zeros((1, 1), np.int32), np.zeros(1, np.int64), (slot,),
+                        np.zeros(1, np.int32), state_src=np.zeros(1, np.int32),
+                        state_dst=np.zeros((1, 1), np.int32))
+            self._step_ubs[slot] = ub
+        ub.tokens[0, 0] = token
+        ub.pos0[0] = n
+        ub.state_src[0] = ub.state_dst[0, 0] = self.memory.state_row(slot)
+        # a copy: on the CPU the graph's logits are read in place (valid until the next
+        # graph), and a caller may keep this row past it, even past close()
+        row = self.target.run(ub, copy=False).logits[0].copy()
+        self.memory.commit(slot, (token,))
+        return row
