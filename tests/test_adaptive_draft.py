@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from pyggspec.models.batch import padded_rows
 from pyggspec.speculative.adaptive import CostModel, DraftLengthPolicy
-from pyggspec.speculative.loop import padded_rows
 
 
 def costs(step: float, per_row: float, mtp: float, B: int = 1, T_max: int = 6) -> CostModel:

@@ -1,4 +1,4 @@
-"""The length/context rule (``speculative.loop.emit_room``) at the edge of the context.
+"""The length/context rule (``serving.sequence.emit_room``) at the edge of the context.
 
 Prompt + output never exceed n_ctx: the last emitted token may take position n_ctx - 1
 (llama-server's rule). Plain decoding, speculation at every draft length and the first token
@@ -13,32 +13,29 @@ import pytest
 from click.testing import CliRunner
 
 from pyggspec.cli import main
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.errors import PyggspecError
-from pyggspec.speculative.loop import SpecConfig, emit_room
-from pyggspec.testing import cached_model, tiny_dense
+from pyggspec.serving.sequence import emit_room
 
 N_CTX = 40
 PROMPT = list(range(300, 316))  # 16 tokens
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def model(models):
     # a perfect head accepts every draft, so speculation runs right up to the edge
-    spec = tiny_dense(dtype="f32", agreement=1.0, tied_embeddings=False)
-    return cached_model(spec, tmp_path_factory.mktemp("ctx_edge"))
+    return models.dense(dtype="f32", agreement=1.0, tied_embeddings=False)
 
 
 @pytest.fixture(scope="module")
-def engines(model):
+def engines(model, shared_engine):
     """One plain engine and one speculative engine per n_max 1..6, reused by every test."""
-    out = {0: Engine(model, n_ctx=N_CTX, n_threads=1)}
+    kw = {"n_ctx": N_CTX, "n_threads": 1, "load_tokenizer": True}
+    out = {0: shared_engine(model, **kw)}
     for k in range(1, 7):
-        out[k] = Engine(model, n_ctx=N_CTX, n_threads=1, spec_type="draft-mtp",
-                        spec=SpecConfig(n_max=k))
-    yield out
-    for e in out.values():
-        e.close()
+        out[k] = shared_engine(model, spec_type="draft-mtp", spec=SpecConfig(n_max=k), **kw)
+    return out
 
 
 def run(e: Engine, prompt, n, ignore_eos=True):
@@ -126,13 +123,14 @@ def test_cli_context_edge_and_n_zero(model):
     assert (d["tokens"], d["stop_reason"], d["n_prompt"]) == ([], "length", len(PROMPT))
 
 
-def test_parallel_sequences_reach_the_edge_at_different_steps(model):
+def test_parallel_sequences_reach_the_edge_at_different_steps(model, make_engine):
     """One sequence at the edge (no drafts left) batched with one still drafting (its
     padded verify rows run past the edge's positions)."""
     prompts = [PROMPT, [300 + i % 50 for i in range(N_CTX - 4)]]
     outs = []
     for kw in ({}, {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=4)}):
-        with Engine(model, n_ctx=N_CTX, n_parallel=2, n_threads=1, **kw) as e:
+        with make_engine(model, n_ctx=N_CTX, n_parallel=2, n_threads=1, load_tokenizer=True,
+                         **kw) as e:
             outs.append([(r.tokens, r.stop_reason)
                          for r in e.generate_batch(prompts, max_tokens=100, ignore_eos=True)])
     assert outs[0] == outs[1]

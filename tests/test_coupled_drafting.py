@@ -212,18 +212,16 @@ def test_p_min_of_argmax_drafts_in_coupled_mode(models):
 def test_a_stop_token_draft_is_the_last(models):
     """Drafts never go past a stop token: one that is drafted ends the drafts (it stays the
     last one; the target may sample it too)."""
-    from pyggspec.speculative.draft_mtp import DraftRequest
-    from pyggspec.speculative.loop import prefill
+    from pyggspec.speculative.drafter import DraftRequest
 
     prompt = [300, 301, 302]
     with Engine(models["dense"], n_ctx=256, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=3)) as e:
-        samplers = e.make_samplers()
-        samplers.start(0, prompt)
-        s = prefill(e, e.drafter, {0: prompt}, e.stats, samplers, lambda t: False, 10)[0]
+        (t,) = e.generate(prompt, max_tokens=1, ignore_eos=True).tokens
+        c = e.drafter.carry[0]  # the pairs owed after the prompt; t is the pending token
 
         def draft(is_stop):  # the same pairs again: the same (argmax) drafts
-            req = DraftRequest(0, s.new_pos0, s.new_tokens, s.new_hidden, 3, is_stop)
+            req = DraftRequest(0, c.pos0, [*c.tokens, t], c.hidden, 3, is_stop)
             return e.drafter.draft([req])[0].tokens
 
         free = draft(None)

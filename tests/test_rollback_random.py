@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
-from pyggspec.speculative.loop import SpecConfig, speculative_step
+from pyggspec.serving.request import Request
 from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 
 N_RUNS = 200
@@ -40,7 +41,6 @@ def engines(tmp_path_factory):
 
 def _run(e: Engine, prompts, n, sampling, p_min=0.0):
     if e.spec_type:
-        e.spec.p_min = p_min
         e.drafter.p_min = p_min
     res = e.generate_batch(prompts, max_tokens=n, ignore_eos=True, sampling=sampling)
     return [r.tokens for r in res]
@@ -81,24 +81,24 @@ def test_random_runs_identical(engines):
 def test_state_after_each_step_equals_plain(engines, arch, rb):
     """After every speculative step the recurrent rows (conv and SSM) and the KV cells of
     the committed prefix equal those of plain decoding of the same tokens."""
-    from pyggspec.speculative.loop import prefill
-
     e = engines[(arch, rb, 3)]
     plain = engines[(arch, None, 0)]
     prompt = [300, 301, 302, 303]
-    samplers = e.make_samplers(SamplingParams(temp=0.0))
-    samplers.start(0, prompt)
-    seqs = prefill(e, e.drafter, {0: prompt}, e.stats, samplers, lambda t: False, 40)
+    out: list[int] = []
+    h = e.submit(Request(prompt, max_tokens=40, ignore_eos=True, slot=0, cache_prompt=False,
+                         sampling=SamplingParams(temp=0.0)))
+    h.add_callback(lambda item: out.extend(getattr(item, "tokens", ())))
+    e.step()  # the prompt and the first token
     plain.clear(0)
     plain.eval(prompt, 0)
     committed = list(prompt)
     steps = 0
-    while not seqs[0].done and steps < 12:
-        speculative_step(e, e.drafter, seqs, e.spec, e.stats, samplers, lambda t: False)
+    while not h.done and steps < 12:
+        e.step()  # one speculative step (schedule -> run -> update)
         steps += 1
         n = e.seq_len(0)
         # tokens committed to the target so far: prompt + emitted tokens except the pending one
-        target_tokens = prompt + seqs[0].out[: n - len(prompt)]
+        target_tokens = prompt + out[: n - len(prompt)]
         plain.eval(target_tokens[len(committed):], 0)
         committed = target_tokens
         assert plain.seq_len(0) == n

@@ -182,20 +182,19 @@ def test_cancel_queue_full_and_failure_isolation(engines, monkeypatch):
     assert r0.stop_reason == "cancelled" and 0 < len(r0.tokens) < 40
     assert sched.slots()[0]["state"] == "idle"
     # a request whose prompt chunk fails fails alone; the running one carries on
-    import pyggspec.serving.scheduler as S
+    w = e.worker
+    orig = w._prompt
 
-    orig = S.prompt_chunk
-
-    def failing(engine, drafter, parts, stats=None):
-        if any(p.tokens[:1] == [PROMPTS[3][0]] for p in parts):
+    def failing(chunks, out):
+        if any(c.tokens[:1] == [PROMPTS[3][0]] for c in chunks):
             raise RuntimeError("injected chunk failure")
-        return orig(engine, drafter, parts, stats)
+        return orig(chunks, out)
 
-    monkeypatch.setattr(S, "prompt_chunk", failing)
+    monkeypatch.setattr(w, "_prompt", failing)
     bad = e.submit(Request(PROMPTS[3], max_tokens=4, ignore_eos=True, cache_prompt=False))
     with pytest.raises(RequestFailed, match="injected chunk failure"):
         bad.result()
-    monkeypatch.setattr(S, "prompt_chunk", orig)
+    monkeypatch.setattr(w, "_prompt", orig)
     r1 = hs[1].result()
     assert r1.stop_reason == "length" and r1.tokens == solo(e, PROMPTS[1], 40)
     m = sched.metrics()
@@ -234,7 +233,7 @@ def test_background_thread_and_asyncio(engines):
         e.submit(Request([1]))
     sched.start()  # reopened; synchronous use again after stopping
     sched.stop()
-    sched._closed = False
+    sched.reopen()
     assert e.generate(PROMPTS[0], 10, ignore_eos=True).tokens == ref[0]
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -18,23 +16,6 @@ from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from pyggspec.testing.oracle import OracleModel
 
 PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310]]
-
-
-@dataclass
-class FixedSpecConfig(SpecConfig):
-    adaptive: bool = False
-
-
-@pytest.fixture(autouse=True)
-def _fixed_draft_lengths(monkeypatch):
-    """These tests pin the mechanics of drafting n_max tokens (draft and evaluation counts
-    are compared across engines); adaptive lengths depend on measured timings and are
-    tested in test_adaptive_draft.py."""
-    import pyggspec.engine
-    import pyggspec.speculative.loop
-
-    for mod in (pyggspec.engine, pyggspec.speculative.loop, sys.modules[__name__]):
-        monkeypatch.setattr(mod, "SpecConfig", FixedSpecConfig)
 
 
 @pytest.fixture(scope="session")
@@ -113,8 +94,7 @@ def test_perfect_head_accepts_everything(spec_dir):
 def test_mtp_logits_equal_llamacpp_mtp(spec_dir, arch, layout):
     """The head sees the pairs (x_q, h_{q-1}) and computes the same numbers as llama.cpp's
     MTP context, grafted or from a separate MTP-only file."""
-    from pyggspec.speculative.draft_mtp import DraftRequest
-    from pyggspec.speculative.loop import prefill
+    from pyggspec.models.mtp import MtpBatch
 
     files = agreement_model(spec_dir, arch, 0.8, layout=layout)
     trunk, mtp_file = (files, files) if layout == "model" else files
@@ -129,23 +109,16 @@ def test_mtp_logits_equal_llamacpp_mtp(spec_dir, arch, layout):
     md = None if layout == "model" else mtp_file
     with Engine(trunk, mtp_path=md, n_ctx=256, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=1), draft_backend_sampling=False) as e:
-        samplers = e.make_samplers()
-        samplers.start(0, prompt)
-        seqs = prefill(e, e.drafter, {0: prompt}, e.stats, samplers, lambda x: False, 10)
-        s = seqs[0]
-        assert s.pending == t
-        # the whole pair sequence once more, logits of every row through the host path
-        e.mtp_kv.clear(0)
-        from pyggspec.models.mtp import MtpBatch
-
+        # the production prompt path: the prompt's pairs go into the MTP cache, the first
+        # token is sampled, and the slot's carry holds the pair the first draft needs
+        assert e.generate(prompt, max_tokens=1, ignore_eos=True).tokens == [t]
+        # the whole pair sequence once more (the same pairs), every row's logits
         n = len(prompt) + 1
         res = e.mtp.run(MtpBatch(np.array([prompt + [t]], np.int32), paired[None],
                                  np.array([0]), (0,), np.arange(n, dtype=np.int32)))
         rel = np.abs(res.logits - ref).max() / np.abs(ref).max()
         assert rel <= 1e-4
-        e.mtp_kv.clear(0)
-        prefill(e, e.drafter, {0: prompt}, e.stats, samplers, lambda x: False, 10)
-        d = e.drafter.draft([DraftRequest(0, s.new_pos0, s.new_tokens, s.new_hidden, 1)])
+        d = e.drafter.draft_slots([(0, t, 1, None)])
         assert d[0].tokens == [int(ref[-1].argmax())]
         p = np.exp(ref[-1] - ref[-1].max())
         assert abs(d[0].probs[0] - p.max() / p.sum()) < 1e-5

@@ -13,24 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyggspec.engine import Engine
-from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from pyggspec.testing.oracle import OracleModel, oracle_greedy, rel_err
 
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(5, 900, size=40)]
 N_GREEDY = 32
-
-
-@pytest.fixture(scope="session")
-def model_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("trunk_models")
-
-
-def make(model_dir, arch: str, dtype: str = "f32", mtp: str = "grafted"):
-    spec = (tiny_dense if arch == "dense" else tiny_moe)(dtype=dtype, mtp=mtp)
-    return cached_model(spec, model_dir)
-
-
 
 
 def ours_greedy(engine, prompt, n, seq=0):
@@ -46,10 +32,10 @@ def ours_greedy(engine, prompt, n, seq=0):
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("mtp", ["grafted", "none"])
-def test_f32_logits_and_greedy_match_llamacpp(model_dir, arch, mtp):
-    path = make(model_dir, arch, "f32", mtp)
+def test_f32_logits_and_greedy_match_llamacpp(models, make_engine, arch, mtp):
+    path = models.get(arch, dtype="f32", mtp=mtp)
     ref, ref_toks = oracle_greedy(path, PROMPT, N_GREEDY)
-    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False) as e:
+    with make_engine(path, n_ctx=256) as e:
         ours, toks = ours_greedy(e, PROMPT, N_GREEDY)
     assert toks == ref_toks
     assert ours.shape == ref.shape == (len(PROMPT) + N_GREEDY, ref.shape[1])
@@ -58,22 +44,22 @@ def test_f32_logits_and_greedy_match_llamacpp(model_dir, arch, mtp):
 
 @pytest.mark.parametrize("dtype", ["f16", "q8_0"])
 @pytest.mark.parametrize("arch", ["dense", "moe"])
-def test_quantized_logits_match_llamacpp(model_dir, arch, dtype):
-    path = make(model_dir, arch, dtype)
+def test_quantized_logits_match_llamacpp(models, make_engine, arch, dtype):
+    path = models.get(arch, dtype=dtype)
     ref, ref_toks = oracle_greedy(path, PROMPT, 16)
-    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False) as e:
+    with make_engine(path, n_ctx=256) as e:
         ours, toks = ours_greedy(e, PROMPT, 16)
     assert toks == ref_toks
     assert rel_err(ours, ref) <= 1e-3
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
-def test_batched_sequences_equal_solo(model_dir, arch):
-    path = make(model_dir, arch)
+def test_batched_sequences_equal_solo(models, make_engine, arch):
+    path = models.get(arch)
     rng = np.random.default_rng(3)
     prompts = {s: [int(t) for t in rng.integers(5, 900, size=n)]
                for s, n in zip(range(4), (17, 17, 9, 23))}
-    with Engine(path, n_ctx=256, n_parallel=4, n_threads=2, load_tokenizer=False) as e:
+    with make_engine(path, n_ctx=256, n_parallel=4) as e:
         batched = e.decode(prompts, logits="all")
         nxt = {s: [int(batched[s].logits[-1].argmax())] for s in prompts}
         step = e.decode(nxt, logits="all")  # 4 sequences, one token each, one ubatch
@@ -85,14 +71,14 @@ def test_batched_sequences_equal_solo(model_dir, arch):
             assert rel_err(step[s].logits, solo_step) <= 1e-5
 
 
-def test_ubatch_splits_equal_single_batch(model_dir):
+def test_ubatch_splits_equal_single_batch(models, make_engine):
     """Chunked and token-by-token prefill agree to f32 noise. The chunked and the
     autoregressive gated-delta kernels sum in different orders: llama.cpp itself differs by
     1.8e-5 relative between n_batch 1 and 64 on this fixture, and so do we (exactly)."""
-    path = make(model_dir, "dense")
+    path = models.dense()
     outs = []
     for n_ubatch in (64, 7, 1):
-        with Engine(path, n_ctx=256, n_ubatch=n_ubatch, n_threads=2, load_tokenizer=False) as e:
+        with make_engine(path, n_ctx=256, n_ubatch=n_ubatch) as e:
             outs.append(e.eval(PROMPT))
     for o in outs[1:]:
         assert rel_err(o, outs[0]) <= 1e-4
@@ -101,9 +87,9 @@ def test_ubatch_splits_equal_single_batch(model_dir):
     assert rel_err(outs[2], one_by_one) <= 1e-6
 
 
-def test_tail_removal_and_copy(model_dir):
-    path = make(model_dir, "dense")
-    with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, load_tokenizer=False) as e:
+def test_tail_removal_and_copy(models, make_engine):
+    path = models.dense()
+    with make_engine(path, n_ctx=256, n_parallel=2) as e:
         full = e.eval(PROMPT, 0)
         e.copy_seq(0, 1)
         cont = e.eval([11, 12], 1)
@@ -114,14 +100,13 @@ def test_tail_removal_and_copy(model_dir):
         assert e.seq_len(1) == len(PROMPT) + 2
 
 
-def test_rpc_partial_offload_equals_cpu(model_dir, rpc_device):
-    path = make(model_dir, "moe")
-    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False) as e:
+def test_rpc_partial_offload_equals_cpu(models, make_engine, rpc_device):
+    path = models.moe()
+    with make_engine(path, n_ctx=256) as e:
         ref = e.eval(PROMPT)
         ref_step = e.eval([5])
     dev = rpc_device
-    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False, n_gpu_layers=3,
-                device=dev.name) as e:
+    with make_engine(path, n_ctx=256, n_gpu_layers=3, device=dev.name) as e:
         assert dev.name in e.placement.layer_devices
         assert "CPU" in e.placement.layer_devices
         ours = e.eval(PROMPT)
@@ -131,9 +116,9 @@ def test_rpc_partial_offload_equals_cpu(model_dir, rpc_device):
     assert rel_err(step, ref_step) <= 1e-5
 
 
-def test_graph_reused_across_decode_steps(model_dir):
-    path = make(model_dir, "dense")
-    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False) as e:
+def test_graph_reused_across_decode_steps(models, make_engine):
+    path = models.dense()
+    with make_engine(path, n_ctx=256) as e:
         e.eval(PROMPT)
         e.eval([5])
         misses = e.target.graphs.misses
@@ -143,7 +128,7 @@ def test_graph_reused_across_decode_steps(model_dir):
         assert e.target.last_python_ms > 0
 
 
-def test_step_fast_path_equals_eval(model_dir):
+def test_step_fast_path_equals_eval(models, make_engine):
     """Engine.step (one token, no per-call allocation) gives eval's logits.
 
     Against a one-token eval at the same position (same batch shape, same kernels) the
@@ -152,13 +137,13 @@ def test_step_fast_path_equals_eval(model_dir):
     differs by 5e-6), so there each shape is held to llama.cpp's own logits for the same
     shape, bit for bit: the difference between our two shapes is then exactly the one
     ggml shows between them on this host, whatever its size."""
-    path = make(model_dir, "dense")
-    with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, load_tokenizer=False) as e:
+    path = models.dense()
+    with make_engine(path, n_ctx=256, n_parallel=2) as e:
         e.eval(PROMPT, 0)
         e.eval(PROMPT, 1)
         ref = e.eval([17, 18], 0)
-        a = e.step(1, 17).copy()
-        b = e.step(1, 18).copy()
+        a = e.decode_token(1, 17).copy()
+        b = e.decode_token(1, 18).copy()
         assert e.seq_len(1) == len(PROMPT) + 2
         e.clear(0)
         e.eval(PROMPT, 0)

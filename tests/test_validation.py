@@ -12,19 +12,16 @@ from click.testing import CliRunner
 
 from pyggspec.cli import main
 from pyggspec.config import SpecConfig
-from pyggspec.engine import Engine
 from pyggspec.errors import PyggspecError
 from pyggspec.ggml import buffer, context, device, sched
 from pyggspec.sampling import DeviceSampling, RowInput, SamplerChain, SamplingParams, SamplingPlan
 from pyggspec.sampling import stages as S
 from pyggspec.sampling.host import run_host
-from pyggspec.testing import cached_model, tiny_dense
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    spec = tiny_dense(dtype="f32", agreement=0.8, tied_embeddings=False)
-    return cached_model(spec, tmp_path_factory.mktemp("validation"))
+def model(models):
+    return models.dense(dtype="f32", agreement=0.8, tied_embeddings=False)
 
 
 def cli(*args: str):
@@ -38,41 +35,41 @@ def one_line(r, prefix: str) -> None:
 
 
 # --- engine API ---------------------------------------------------------------------------
-def test_step_checks_sequence_and_token_ids(model):
-    with Engine(model, n_ctx=64, n_parallel=2, n_threads=1, load_tokenizer=False) as e:
+def test_step_checks_sequence_and_token_ids(model, make_engine):
+    with make_engine(model, n_ctx=64, n_parallel=2, n_threads=1) as e:
         e.eval([300, 301], seq_id=1)
         for seq, tok in ((2, 5), (-1, 5), (1, e.n_vocab), (1, -1)):
             with pytest.raises(PyggspecError, match="sequence|token id"):
-                e.step(seq, tok)
+                e.decode_token(seq, tok)
         assert e.seq_len(1) == 2  # nothing was evaluated
         ref = e.eval([302], seq_id=1)[-1]
-        e.kv.lengths[1] -= 1
+        e.worker.memory.truncate(1, e.seq_len(1) - 1)
         e.eval([300, 301], seq_id=0)
-        np.testing.assert_allclose(e.step(0, 302), ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(e.decode_token(0, 302), ref, rtol=1e-5, atol=1e-5)
 
 
-def test_copy_seq_copies_the_mtp_cache(model):
-    with Engine(model, n_ctx=64, n_parallel=2, n_threads=1, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=2)) as e:
+def test_copy_seq_copies_the_mtp_cache(model, make_engine):
+    with make_engine(model, n_ctx=64, n_parallel=2, n_threads=1, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=2)) as e:
         e.generate([300, 301, 302], max_tokens=6, ignore_eos=True)
-        n = int(e.mtp_kv.lengths[0])
+        n = e.worker.memory.mtp_length(0)
         assert n > 0
         e.copy_seq(0, 1)
-        assert int(e.mtp_kv.lengths[1]) == n
+        assert e.worker.memory.mtp_length(1) == n
         for il in e.mtp_kv.layers:
             for t in (e.mtp_kv.k(il), e.mtp_kv.v(il)):
                 assert (e.mtp_kv.cells(t, 0, n) == e.mtp_kv.cells(t, 1, n)).all()
 
 
-def test_batch_size_is_the_logical_batch(model):
+def test_batch_size_is_the_logical_batch(model, make_engine):
     """-b splits each sequence's tokens into logical batches, -ub each of those; as in
     llama.cpp -ub is capped at -b (it used to be an error, and the CLI raised -b instead)."""
     prompt = [300 + i % 100 for i in range(80)]
-    with Engine(model, n_ctx=128, n_threads=1, load_tokenizer=False) as e:
+    with make_engine(model, n_ctx=128, n_threads=1) as e:
         ref = e.eval(prompt)
     for n_batch, n_ubatch, want in ((40, 32, [32, 8, 32, 8]), (16, 512, [16] * 5)):
-        with Engine(model, n_ctx=128, n_threads=1, load_tokenizer=False, n_batch=n_batch,
-                    n_ubatch=n_ubatch) as e:
+        with make_engine(model, n_ctx=128, n_threads=1, n_batch=n_batch,
+                         n_ubatch=n_ubatch) as e:
             assert e.n_ubatch == min(n_batch, n_ubatch)
             sizes: list[int] = []
             run = e.target.run
@@ -87,22 +84,22 @@ def test_batch_size_is_the_logical_batch(model):
         assert np.abs(out - ref).max() <= 1e-3 * np.abs(ref).max()
 
 
-def test_context_clamped_to_training_context_is_said_once(tiny, caplog):
+def test_context_clamped_to_training_context_is_said_once(tiny, make_engine, caplog):
     path = tiny("ctx64", meta={".context_length": 64})
     with caplog.at_level(logging.WARNING, logger="pyggspec.engine"):
-        with Engine(path, n_ctx=100, n_threads=1, load_tokenizer=False) as e:
+        with make_engine(path, n_ctx=100, n_threads=1) as e:
             assert e.n_ctx == 64
             e.eval([1, 2, 3])
-        with Engine(path, n_ctx=64, n_threads=1, load_tokenizer=False) as e:
+        with make_engine(path, n_ctx=64, n_threads=1) as e:
             assert e.n_ctx == 64
     msgs = [r.getMessage() for r in caplog.records if r.name == "pyggspec.engine"]
     assert len(msgs) == 1 and "-c 100" in msgs[0] and "64" in msgs[0]
 
 
-def test_engine_rejects_out_of_vocabulary_bias_and_bad_cache_types(model):
+def test_engine_rejects_out_of_vocabulary_bias_and_bad_cache_types(model, make_engine):
     with pytest.raises(PyggspecError, match="--logit-bias: token 5000 is outside the vocab"):
-        Engine(model, sampling=SamplingParams(logit_bias=((5000, 1.0),)))
-    with Engine(model, n_ctx=32, n_threads=1) as e:
+        make_engine(model, sampling=SamplingParams(logit_bias=((5000, 1.0),)))
+    with make_engine(model, n_ctx=32, n_threads=1) as e:
         with pytest.raises(PyggspecError, match="--logit-bias"):
             e.generate([300], max_tokens=2, sampling=SamplingParams(logit_bias=((5000, 1.0),)))
         with pytest.raises(PyggspecError, match="-n: must be >= 0"):
@@ -110,7 +107,7 @@ def test_engine_rejects_out_of_vocabulary_bias_and_bad_cache_types(model):
     for kw, flag in (("type_k", "-ctk"), ("type_v", "-ctv"), ("mtp_type_k", "-ctkd"),
                      ("mtp_type_v", "-ctvd")):
         with pytest.raises(PyggspecError, match=f"{flag}: unsupported KV cache type 'q9'"):
-            Engine(model, spec_type="draft-mtp", **{kw: "q9"})
+            make_engine(model, spec_type="draft-mtp", **{kw: "q9"})
 
 
 # --- sampling parameters ------------------------------------------------------------------
