@@ -387,7 +387,7 @@ def test_params_parsing_and_click_options():
     import click
     from click.testing import CliRunner
 
-    from pyggspec.sampling import sampling_options
+    from pyggspec.cli.common import sampling_options
 
     assert parse_samplers("top-k;nucleus;temp;penalties") == ("top_k", "top_p", "temperature",
                                                              "penalties")

@@ -1,13 +1,14 @@
 """Memory per component and device: predicted before allocating, reported after.
 
-``plan_engine_memory`` predicts, from an :class:`~pyggspec.config.EngineConfig`, hparams and a
-placement, what an engine with that config will allocate (``pyggspec inspect`` and the engine
-both call it; :func:`plan_memory` is its arithmetic); ``Engine.memory()`` reports the same components from the real buffers, so
-``pyggspec inspect`` and ``pyggspec run --json`` can be compared line by line. Weights,
-caches and states are exact arithmetic. Compute buffers are what ggml's allocator lays out
-for the engine's worst-case graphs (:mod:`pyggspec.compute` sizes them, the engine
-reserves them at startup); they are passed in as ``compute``. Only without a usable ggml
-binding does a rough estimate from the largest ubatch stand in (marked as such).
+``plan_engine_memory`` predicts, from an :class:`~pyggspec.config.EngineConfig`, hparams and
+a placement, what an engine with that config will allocate (``pyggspec inspect`` and the
+engine both call it; :func:`plan_memory` is its arithmetic); ``Engine.memory()`` reports the
+same components from the real buffers, so ``pyggspec inspect`` and ``pyggspec run --json``
+can be compared line by line. Weights, caches and states are exact arithmetic. Compute
+buffers are what ggml's allocator lays out for the engine's worst-case graphs
+(:mod:`pyggspec.compute` sizes them, the engine reserves them at startup); they are passed in
+as ``compute``. Only without a usable ggml binding does a rough estimate from the largest
+ubatch stand in (marked as such).
 """
 
 from __future__ import annotations

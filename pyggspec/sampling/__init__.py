@@ -78,10 +78,8 @@ from pyggspec.sampling.graph import DeviceSampling, finish_host
 from pyggspec.sampling.host import sample_host
 from pyggspec.sampling.params import (
     DEFAULT_SAMPLERS,
-    SamplingOptions,
     SamplingParams,
     graph_sampling,
-    sampling_options,
 )
 from pyggspec.sampling.plan import SamplingPlan, force_unsupported, plan_chain, plan_chains
 from pyggspec.sampling.stages import gumbel_noise
@@ -93,7 +91,6 @@ __all__ = [
     "DeviceSampling",
     "RowInput",
     "SamplerChain",
-    "SamplingOptions",
     "SamplingParams",
     "SamplingPlan",
     "SamplingStats",
@@ -104,5 +101,4 @@ __all__ = [
     "plan_chain",
     "plan_chains",
     "sample_host",
-    "sampling_options",
 ]

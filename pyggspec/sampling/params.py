@@ -1,4 +1,5 @@
-"""Sampling parameters with llama.cpp's CLI names and defaults, and their click options.
+"""Sampling parameters with llama.cpp's CLI names and defaults (their click options are in
+:mod:`pyggspec.cli.common`).
 
 Defaults follow ``common_params_sampling`` (``common/common.h``); sampler names and aliases
 follow ``common_sampler_types_from_names`` (``common/sampling.cpp``), so a ``--samplers``
@@ -9,11 +10,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
-
-import click
+from typing import Any
 
 from pyggspec.errors import PyggspecError
 
@@ -192,17 +190,6 @@ class SamplingParams:
                 "logit_bias": [list(b) for b in self.logit_bias]}
 
 
-@dataclass(frozen=True)
-class SamplingOptions:
-    """What :func:`sampling_options` hands the command: params plus the offload switches."""
-
-    params: SamplingParams
-    # sampler chains in the graph (None: where the logits are not on the CPU, see
-    # graph_sampling); tokens are the host path's either way
-    backend_sampling: bool | None = None
-    draft_backend_sampling: bool = True  # draft argmax in the MTP graph (llama.cpp: on)
-
-
 def graph_sampling(flag: bool | None, device_name: str) -> bool:
     """Whether sampler chains run in the graph of logits on ``device_name``: as asked, else
     on any device but the CPU. On a GPU (or remote) device the graph saves the 1 MB read-back
@@ -210,87 +197,3 @@ def graph_sampling(flag: bool | None, device_name: str) -> bool:
     prunes every token that cannot win the Gumbel-max while the graph computes the noise of
     the full row (docs/benchmarks.md, "In-graph counter-keyed noise")."""
     return flag if flag is not None else device_name != "CPU"
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _samplers_cb(ctx: click.Context, param: click.Parameter, value: str | None):
-    if value is None:
-        return DEFAULT_SAMPLERS
-    try:
-        return parse_samplers(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
-def _bias_cb(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]):
-    try:
-        return parse_logit_bias(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
-
-
-def sampling_options(fn: F) -> F:
-    """Add llama.cpp's sampling flags to a click command; it receives ``sampling``
-    (a :class:`SamplingOptions`) instead of the individual values."""
-    d = SamplingParams()
-    opts = [
-        click.option("--temp", "--temperature", "temp", type=float, default=d.temp,
-                     show_default=True, help="Temperature; <= 0 samples greedily."),
-        click.option("--top-k", "top_k", type=int, default=d.top_k, show_default=True,
-                     help="Top-k sampling (0 = disabled)."),
-        click.option("--top-p", "top_p", type=float, default=d.top_p, show_default=True,
-                     help="Top-p sampling (1.0 = disabled)."),
-        click.option("--min-p", "min_p", type=float, default=d.min_p, show_default=True,
-                     help="Min-p sampling (0.0 = disabled)."),
-        click.option("--typical", "--typical-p", "typical_p", type=float, default=d.typical_p,
-                     show_default=True, help="Locally typical sampling p (1.0 = disabled)."),
-        click.option("--repeat-penalty", "repeat_penalty", type=float,
-                     default=d.repeat_penalty, show_default=True,
-                     help="Penalize repeated tokens (1.0 = disabled)."),
-        click.option("--repeat-last-n", "repeat_last_n", type=click.IntRange(min=0),
-                     default=d.repeat_last_n, show_default=True,
-                     help="Last n tokens to penalize (0 = disabled)."),
-        click.option("--presence-penalty", "presence_penalty", type=float,
-                     default=d.presence_penalty, show_default=True,
-                     help="Presence penalty (0.0 = disabled)."),
-        click.option("--frequency-penalty", "frequency_penalty", type=float,
-                     default=d.frequency_penalty, show_default=True,
-                     help="Frequency penalty (0.0 = disabled)."),
-        click.option("-s", "--seed", "seed", type=click.IntRange(min=0), default=d.seed,
-                     show_default=True, help=f"RNG seed ({DEFAULT_SEED} = random)."),
-        click.option("--samplers", "samplers", default=None, callback=_samplers_cb,
-                     metavar="SAMPLERS",
-                     help="';'-separated sampler order (default: "
-                          f"{';'.join(DEFAULT_SAMPLERS)})."),
-        click.option("-l", "--logit-bias", "logit_bias", multiple=True, callback=_bias_cb,
-                     metavar="TOKEN_ID(+/-)BIAS", help="Bias one token, e.g. 15043+1."),
-        click.option("-bs", "--backend-sampling/--no-backend-sampling", "backend_sampling",
-                     default=None,
-                     help="Run sampler chains (the target's, and coupled drafts') in the "
-                          "graph where the device can. Default: when the logits are on a "
-                          "GPU or other non-CPU device; on the CPU the host is faster."),
-        click.option("--spec-draft-backend-sampling/--no-spec-draft-backend-sampling",
-                     "draft_backend_sampling", default=True, show_default=True,
-                     help="Take the draft argmax (and, with -bs, coupled draws) in the MTP "
-                          "graph."),
-    ]
-
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        names = ("temp", "top_k", "top_p", "min_p", "typical_p", "repeat_penalty",
-                 "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "samplers",
-                 "logit_bias")
-        values = {n: kwargs.pop(n) for n in names}
-        bs = kwargs.pop("backend_sampling")
-        dbs = kwargs.pop("draft_backend_sampling")
-        # a value out of range raises SamplingParamError: one line, exit 1 under pyggspec's group
-        kwargs["sampling"] = SamplingOptions(SamplingParams(**values), bs, dbs)
-        return fn(*args, **kwargs)
-
-    for opt in reversed(opts):
-        wrapper = opt(wrapper)
-    return wrapper  # type: ignore[return-value]

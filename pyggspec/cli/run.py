@@ -12,10 +12,33 @@ from pathlib import Path
 
 import click
 
-from pyggspec.cli import CONTEXT_SETTINGS, _parse_ngl, _parse_overrides, fmt_bytes, main
-from pyggspec.errors import PyggspecError
-from pyggspec.sampling import SamplingOptions, sampling_options
-from pyggspec.speculative.options import SpecOptions, spec_options
+from pyggspec.cli.common import (
+    CHECKPOINT_MIN_STEP,
+    CONTEXT_SETTINGS,
+    CPU_MOE,
+    CTX_CHECKPOINTS,
+    DEVICE,
+    MODEL,
+    N_BATCH,
+    N_CTX,
+    N_PARALLEL,
+    N_THREADS,
+    N_UBATCH,
+    NGL,
+    NO_MMAP,
+    NO_REPACK,
+    OVERRIDES,
+    RPC,
+    TYPE_K,
+    TYPE_V,
+    add_rpc_servers,
+    engine_config,
+    engine_from_config,
+    fmt_bytes,
+    sampling_options,
+    spec_options,
+)
+from pyggspec.config import EngineConfig
 
 
 def _parse_prompt_tokens(value: str | None) -> list[int] | None:
@@ -60,10 +83,9 @@ def _spec_lines(stats: dict) -> list[str]:
     ]
 
 
-@main.command(context_settings=CONTEXT_SETTINGS)
-@click.option("-m", "--model", "model", type=click.Path(path_type=Path), default=None,
-              help="GGUF model (trunk, MTP grafted or not). Without it, --spec-type draft-mtp "
-                   "runs the built-in synthetic demo model.")
+@click.command(context_settings=CONTEXT_SETTINGS)
+@MODEL(help="GGUF model (trunk, MTP grafted or not). Without it, --spec-type draft-mtp runs "
+            "the built-in synthetic demo model.")
 @click.option("-p", "--prompt", "prompts", multiple=True,
               help="Prompt text (repeat for several sequences with --parallel).")
 @click.option("-f", "--file", "prompt_file", type=click.Path(path_type=Path, exists=True,
@@ -75,54 +97,35 @@ def _spec_lines(stats: dict) -> list[str]:
 @click.option("-sys", "--system-prompt", default=None, help="System message for --chat.")
 @click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=0), default=128,
               show_default=True, help="Tokens to generate per sequence.")
-@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=1), default=4096,
-              show_default=True)
-@click.option("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=1,
-              show_default=True, help="Sequences generated together (prompts are cycled).")
-@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048,
-              show_default=True, help="Logical batch: a prompt is evaluated in chunks of at "
-              "most this many tokens per sequence.")
-@click.option("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), default=512,
-              show_default=True, help="Physical batch: each chunk runs in graphs of at most "
-              "this many tokens (capped at -b, as in llama.cpp).")
-@click.option("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
-              help="CPU threads (default: cores, at most 8).")
-@click.option("-ngl", "--n-gpu-layers", "ngl", metavar="N|all|auto", default=None,
-              help="Layers on the offload device (default: all, when one exists).")
-@click.option("-dev", "--device", "device", metavar="NAME", default=None,
-              help="Offload device (see `pyggspec devices`).")
-@click.option("-ot", "--override-tensor", "overrides", multiple=True, metavar="REGEX=DEVICE")
-@click.option("-cmoe", "--cpu-moe", is_flag=True, help="Keep MoE expert weights on the CPU.")
-@click.option("-ctk", "--cache-type-k", "type_k", default="f16", show_default=True)
-@click.option("-ctv", "--cache-type-v", "type_v", default="f16", show_default=True)
-@click.option("--rpc", "rpc", default=None, metavar="HOST:PORT[,...]",
-              help="Add remote ggml RPC servers as devices (llama.cpp's rpc-server).")
-@click.option("--no-mmap", is_flag=True, help="Copy CPU weights instead of mapping the file.")
-@click.option("-nr", "--no-repack", is_flag=True,
-              help="Keep CPU weights as stored (no repacking into ggml's CPU extra buffer types).")
+@N_CTX()
+@N_PARALLEL()
+@N_BATCH()
+@N_UBATCH()
+@N_THREADS()
+@NGL()
+@DEVICE()
+@OVERRIDES()
+@CPU_MOE()
+@TYPE_K()
+@TYPE_V()
+@RPC()
+@NO_MMAP()
+@NO_REPACK()
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
 @spec_options
-@click.option("-ctxcp", "--ctx-checkpoints", "ctx_checkpoints", type=click.IntRange(min=0),
-              default=4, show_default=True, help="Recurrent-state checkpoints kept per slot "
-              "for prompt reuse (host memory).")
-@click.option("--checkpoint-min-step", "checkpoint_min_step", type=click.IntRange(min=1),
-              default=512, show_default=True, help="Least prompt tokens between two "
-              "checkpoints (one is also saved at each prompt's end).")
+@CTX_CHECKPOINTS()
+@CHECKPOINT_MIN_STEP()
 @sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
-def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
-        prompt_tokens: str | None, chat: bool, system_prompt: str | None, n_predict: int,
-        n_ctx: int, n_parallel: int, n_batch: int, n_ubatch: int, n_threads: int | None,
-        ngl: str | None, device: str | None, overrides: tuple[str, ...], cpu_moe: bool,
-        type_k: str, type_v: str, rpc: str | None, no_mmap: bool, no_repack: bool, ignore_eos: bool,
-        spec: SpecOptions, ctx_checkpoints: int, checkpoint_min_step: int, sampling: SamplingOptions,
+@engine_config
+def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
+        prompt_file: Path | None, prompt_tokens: str | None, chat: bool,
+        system_prompt: str | None, n_predict: int, rpc: str | None, ignore_eos: bool,
         as_json: bool) -> None:
     """Generate text from MODEL, optionally with MTP speculative decoding.
 
     Sampling follows llama.cpp's flags and defaults (--temp 0.8 ...; --temp 0 is greedy).
     """
-    from pyggspec.engine import Engine
-
     ids = _parse_prompt_tokens(prompt_tokens)
     texts = list(prompts)
     if prompt_file is not None:
@@ -131,7 +134,7 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         raise click.UsageError("give a prompt with -p, -f or --prompt-tokens")
     demo = False
     if model is None:
-        if spec.spec_type != "draft-mtp":
+        if not config.speculative:
             raise click.UsageError("missing -m/--model (only --spec-type draft-mtp has a "
                                    "built-in demo model)")
         from pyggspec.demo import demo_model
@@ -142,21 +145,11 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
             click.echo("pyggspec: running the built-in SYNTHETIC demo model (random weights, "
                        "constructed MTP agreement ~95%): the text is meaningless, the "
                        "speed-up is real.", err=True)
-    if rpc:
-        from pyggspec.ggml.device import add_rpc_server
-
-        for ep in rpc.split(","):
-            if ep:
-                add_rpc_server(ep.strip())
-    with Engine(model, n_ctx=n_ctx, n_parallel=n_parallel,
-                n_threads=n_threads, n_batch=n_batch, n_ubatch=n_ubatch,
-                n_gpu_layers=_parse_ngl(ngl), device=device,
-                override_tensor=_parse_overrides(overrides), cpu_moe=cpu_moe, type_k=type_k,
-                type_v=type_v, use_mmap=not no_mmap, repack=not no_repack, progress=None if not as_json else False,
-                **spec.engine_kwargs, draft_backend_sampling=sampling.draft_backend_sampling,
-                sampling=sampling.params, backend_sampling=sampling.backend_sampling,
-                ctx_checkpoints=ctx_checkpoints,
-                checkpoint_min_step=checkpoint_min_step) as engine:
+    add_rpc_servers(rpc)
+    if as_json:
+        config = config.replace(progress=False)
+    n_parallel = config.n_parallel
+    with engine_from_config(model, config) as engine:
         if ids is not None:
             inputs: list = [ids]
         else:
@@ -230,4 +223,4 @@ def run(model: Path | None, prompts: tuple[str, ...], prompt_file: Path | None,
         click.echo(f"rollback   : {rollback_used}", err=True)
 
 
-__all__ = ["PyggspecError", "run"]
+__all__ = ["run"]
