@@ -8,18 +8,30 @@ Two sources of tiny GGUFs:
   (drop / reshape / retype a tensor, change a metadata key) produce the malformed files the
   loader must reject. Its tensor list is written out by hand from REFERENCE.md §1.4-1.6 so it
   does not share code with the validator it tests.
+
+Where things are:
+
+* ``models`` (session): the generated models (``pyggspec.testing``), each spec written once per
+  session into one temp dir -- ``models.dense(dtype=..., agreement=...)``, ``models.moe(...)``,
+  ``models.get(arch, ...)``, ``models.split(arch, ...)``, ``models.path(spec, layout)``;
+* ``make_engine`` (per test): ``make_engine(path, **kw)`` opens an Engine that is closed when
+  the test ends, whatever happens in it (``with make_engine(...) as e:`` still closes early);
+* ``shared_engine`` (session): one Engine per (path, kwargs) for the whole session, for tests
+  that leave no state behind that another could see (closed at the end of the session);
+* ``tiny`` / ``write_tiny``: the independent writer for malformed files (below).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf  # a dependency of pyggspec: missing, it is an error, not a skip
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+from pyggspec.testing import ModelSpec, cached_model, tiny_dense, tiny_moe
 
 _SENTINEL_DELETE = object()
 DELETE = _SENTINEL_DELETE  # value for ``meta=`` that removes a key
@@ -188,34 +200,120 @@ def write_tiny(path: Path, *, arch: str = "qwen35", mtp: str = "grafted", dtype:
 
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    """``tiny(name, **kw)``: a cached ``write_tiny`` file per (name, kwargs) in this session."""
+    """``tiny(name, **kw)``: a cached ``write_tiny`` file per name in this session; a name
+    asked for again with other kwargs is an error (it would silently be the first file)."""
     root = tmp_path_factory.mktemp("tiny")
-    cache: dict[str, Path] = {}
+    cache: dict[str, tuple[str, Path]] = {}
 
     def make(name: str, **kw: Any) -> Path:
+        key = repr(sorted(kw.items()))
         if name not in cache:
-            cache[name] = write_tiny(root / f"{name}.gguf", **kw)
-        return cache[name]
+            cache[name] = (key, write_tiny(root / f"{name}.gguf", **kw))
+        elif cache[name][0] != key:
+            raise ValueError(f"tiny({name!r}): already written with {cache[name][0]}, "
+                             f"now asked with {key}")
+        return cache[name][1]
 
     return make
 
 
+PRESETS: dict[str, Callable[..., ModelSpec]] = {"dense": tiny_dense, "moe": tiny_moe}
+# the engine factory's defaults: the machine's 2 cores, no tokenizer unless a test asks
+ENGINE_DEFAULTS: dict[str, Any] = {"n_threads": 2, "load_tokenizer": False}
+
+
+class Models:
+    """The session's generated models: ``cached_model`` in one directory, so a spec asked
+    for by several tests (or files) is written once.
+
+    ``dense(**kw)`` / ``moe(**kw)`` / ``get(arch, **kw)``: the ``tiny_dense`` / ``tiny_moe``
+    preset with ``kw`` as ``ModelSpec`` overrides (``dtype``, ``agreement``, ...), grafted MTP;
+    ``split(arch, **kw)``: the same as (trunk, mtp-only sidecar); ``path(spec, layout)``: any
+    spec (``layout="split"`` gives the pair).
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @staticmethod
+    def spec(arch: str = "dense", **kw: Any) -> ModelSpec:
+        return PRESETS[arch](**kw)
+
+    def path(self, spec: ModelSpec, layout: str = "model") -> Any:
+        return cached_model(spec, self.root, layout=layout)  # type: ignore[arg-type]
+
+    def get(self, arch: str = "dense", **kw: Any) -> Path:
+        return self.path(self.spec(arch, **kw))
+
+    def dense(self, **kw: Any) -> Path:
+        return self.get("dense", **kw)
+
+    def moe(self, **kw: Any) -> Path:
+        return self.get("moe", **kw)
+
+    def split(self, arch: str = "dense", **kw: Any) -> tuple[Path, Path]:
+        return self.path(self.spec(arch, **kw), layout="split")
+
+
 @pytest.fixture(scope="session")
-def testing_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The project generator's fixture variants (skipped until ``pyggspec.testing`` has them)."""
-    t = pytest.importorskip("pyggspec.testing")
-    if not all(hasattr(t, n) for n in ("write_model", "write_split", "tiny_dense", "tiny_moe")):
-        pytest.skip("pyggspec.testing has no write_model/write_split yet")
-    root = tmp_path_factory.mktemp("testing_models")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Models:
+    """The generated-model cache of this session (see :class:`Models`)."""
+    return Models(tmp_path_factory.mktemp("models"))
+
+
+def _open_engine(path: Any, kw: dict[str, Any]) -> Any:
+    from pyggspec.engine import Engine
+
+    if isinstance(path, tuple):  # (trunk, mtp) as Models.split gives them
+        path, kw["mtp_path"] = path
+    return Engine(path, **{**ENGINE_DEFAULTS, **kw})
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., Any]]:
+    """``make_engine(path, **kw)``: an Engine (``ENGINE_DEFAULTS`` under ``kw``; ``path`` may
+    be a (trunk, mtp) pair) closed when the test ends, also when it fails half-way."""
+    opened: list[Any] = []
+
+    def make(path: Any, **kw: Any) -> Any:
+        e = _open_engine(path, kw)
+        opened.append(e)
+        return e
+
+    yield make
+    for e in reversed(opened):
+        e.close()
+
+
+@pytest.fixture(scope="session")
+def shared_engine() -> Iterator[Callable[..., Any]]:
+    """``shared_engine(path, **kw)``: one Engine per (path, kwargs) for the whole session,
+    closed at its end. Only for tests that leave nothing behind another test could see
+    (cleared sequences, no patched attributes), and never on the session's RPC device (its
+    server may be gone before this closes)."""
+    cache: dict[str, Any] = {}
+
+    def get(path: Any, **kw: Any) -> Any:
+        key = repr((path, sorted(kw.items())))
+        if key not in cache:
+            cache[key] = _open_engine(path, dict(kw))
+        return cache[key]
+
+    yield get
+    for e in reversed(list(cache.values())):
+        e.close()
+
+
+@pytest.fixture(scope="session")
+def testing_models(models: Models) -> dict[str, Path]:
+    """The project generator's variants by name: ``{dense,moe}-{f32,f16,q8_0}``, ``-nomtp``
+    and ``-split-trunk`` / ``-split-mtp`` (q8_0)."""
     out: dict[str, Path] = {}
-    for arch, preset in (("dense", t.tiny_dense), ("moe", t.tiny_moe)):
+    for arch in PRESETS:
         for dtype in ("f32", "f16", "q8_0"):
-            out[f"{arch}-{dtype}"] = Path(t.write_model(root / f"{arch}-{dtype}.gguf",
-                                                        preset(dtype=dtype)))
-        trunk, mtp = t.write_split(root / f"split-{arch}", preset(dtype="q8_0"))
-        out[f"{arch}-split-trunk"], out[f"{arch}-split-mtp"] = Path(trunk), Path(mtp)
-        out[f"{arch}-nomtp"] = Path(t.write_model(root / f"{arch}-nomtp.gguf",
-                                                  preset(mtp="none")))
+            out[f"{arch}-{dtype}"] = models.get(arch, dtype=dtype)
+        out[f"{arch}-split-trunk"], out[f"{arch}-split-mtp"] = models.split(arch, dtype="q8_0")
+        out[f"{arch}-nomtp"] = models.get(arch, mtp="none")
     return out
 
 

@@ -204,14 +204,14 @@ def test_inspect_permission_denied(tmp_path, tiny):
     assert_one_line_error(run("inspect", p), p, "permission denied")
 
 
-def test_mtp_errors_name_the_mtp_file(tmp_path, tiny):
+def test_mtp_errors_name_the_mtp_file(tiny):
     trunk = tiny("trunk", mtp="none")
     assert_one_line_error(run("inspect", trunk, "--mtp", trunk), trunk,
                           "not an MTP file (nextn_predict_layers = 0)")
-    other = write_tiny(tmp_path / "mtp-wide.gguf", mtp="only", n_embd=128)
+    other = tiny("mtp-wide", mtp="only", n_embd=128)
     assert_one_line_error(run("inspect", trunk, "--mtp", other), other,
                           "does not belong to trunk.gguf", "n_embd 128 here vs 64")
-    other = write_tiny(tmp_path / "mtp-vocab.gguf", mtp="only", n_vocab=300)
+    other = tiny("mtp-vocab", mtp="only", n_vocab=300)
     assert_one_line_error(run("inspect", trunk, "--mtp", other), other, "n_vocab 300 here vs 256")
 
 

@@ -47,7 +47,7 @@ _REASON = _skip_reason()
 if _REASON:
     pytest.skip(_REASON, allow_module_level=True)
 
-from pyggspec.testing import ModelSpec, tiny_dense, tiny_moe, write_model
+from pyggspec.testing import ModelSpec, tiny_dense, tiny_moe
 from pyggspec.testing.hf_checkpoint import (
     ConvertJob,
     find_llamacpp_src,
@@ -98,7 +98,8 @@ def writer_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Converte
 
 
 @pytest.fixture(scope="session")
-def fresh_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+def fresh_cases(tmp_path_factory: pytest.TempPathFactory,
+                models: Any) -> dict[str, tuple[Path, Path]]:
     """Fresh route (q8_0, grafted): {id: (converter file, our file)}, plus split files."""
     wd = tmp_path_factory.mktemp("conv-fresh")
     jobs: list[ConvertJob] = []
@@ -106,7 +107,7 @@ def fresh_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     for cid, spec, layout in FRESH:
         hspec = hf_spec_from_model_spec(spec, layout=layout, fused_experts=layout == "vlm")
         hf = write_hf_checkpoint(wd / f"hf-{cid}", hspec, seed=7)
-        ours[cid] = write_model(wd / f"ours-{cid}.gguf", spec.replace(dtype="q8_0"))
+        ours[cid] = models.path(spec.replace(dtype="q8_0"))
         jobs.append(ConvertJob(hf, wd / f"llamacpp-{cid}.gguf", "q8_0", "grafted"))
         if cid in ("dense-vlm", "moe-vlm"):
             jobs.append(ConvertJob(hf, wd / f"llamacpp-{cid}-nomtp.gguf", "q8_0", "no-mtp"))
@@ -166,17 +167,9 @@ def _inspect(*args: Path | str) -> dict[str, Any]:
     return json.loads(proc.stdout)
 
 
-@pytest.fixture(scope="session")
-def cli_available() -> None:
-    try:
-        import pyggspec.cli  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means "not there yet"
-        pytest.skip(f"pyggspec.cli not importable: {e}")
-
-
 @pytest.mark.parametrize("cid,arch", [("dense-vlm", "qwen35"), ("moe-vlm", "qwen35moe")])
-def test_inspect_converter_files(cli_available: None, fresh_cases: dict[str, tuple[Path, Path]],
-                                 cid: str, arch: str) -> None:
+def test_inspect_converter_files(fresh_cases: dict[str, tuple[Path, Path]], cid: str,
+                                 arch: str) -> None:
     """``pyggspec inspect`` reads llama.cpp-made grafted, trunk-only and MTP-only files."""
     grafted = fresh_cases[cid][0]
     trunk = grafted.with_name(f"llamacpp-{cid}-nomtp.gguf")

@@ -18,7 +18,6 @@ from pyggspec.engine import Engine
 from pyggspec.ggml import quirks
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import Request
-from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from pyggspec.testing.oracle import oracle_greedy, rel_err
 from tests.test_trunk_oracle import ours_greedy
 
@@ -31,28 +30,29 @@ SAMPLED = SamplingParams(temp=0.8, top_k=20, top_p=0.9, min_p=0.02, seed=1234)
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def paths(models):
     """f32 constructed-agreement fixtures (acceptance well above 0): grafted and split."""
-    d = tmp_path_factory.mktemp("device_models")
     out = {}
-    for arch, make in (("dense", tiny_dense), ("moe", tiny_moe)):
-        spec = make(dtype="f32", agreement=0.8, tied_embeddings=False)
-        out[arch] = cached_model(spec, d)
-        out[f"{arch}-split"] = cached_model(spec, d, layout="split")
+    for arch in ("dense", "moe"):
+        kw = {"dtype": "f32", "agreement": 0.8, "tied_embeddings": False}
+        out[arch] = models.get(arch, **kw)
+        out[f"{arch}-split"] = models.split(arch, **kw)
     return out
 
 
-def engine(path, dev=None, **kw) -> Engine:
-    """An engine on the CPU (``dev`` None) or fully offloaded to ``dev``."""
-    mtp = None
-    if isinstance(path, tuple):
-        path, mtp = path
-    kw.setdefault("n_ctx", 256)
-    kw.setdefault("n_threads", 2)
-    if dev is not None:
-        kw.setdefault("n_gpu_layers", "all")
-        kw["device"] = dev.name
-    return Engine(path, mtp_path=mtp, load_tokenizer=False, **kw)
+@pytest.fixture
+def engine(make_engine):
+    """``engine(path, dev=None, **kw)``: an engine on the CPU (``dev`` None) or fully
+    offloaded to ``dev``; ``path`` may be a (trunk, mtp) pair."""
+
+    def make(path, dev=None, **kw) -> Engine:
+        kw.setdefault("n_ctx", 256)
+        if dev is not None:
+            kw.setdefault("n_gpu_layers", "all")
+            kw["device"] = dev.name
+        return make_engine(path, **kw)
+
+    return make
 
 
 def oracle_logits(path, prompt, n, dev=None):
@@ -61,8 +61,12 @@ def oracle_logits(path, prompt, n, dev=None):
     return oracle_greedy(path, prompt, n, **kw)
 
 
-def tokens(e: Engine, prompts, n=N, **kw) -> list[list[int]]:
-    return [r.tokens for r in e.generate_batch(prompts, max_tokens=n, ignore_eos=True, **kw)]
+def tokens(e: Engine, prompts, n=N, stats: list | None = None, **kw) -> list[list[int]]:
+    """Each prompt's tokens; ``stats`` (a list) receives the call's speculation counts."""
+    g = e.generate_batch(prompts, max_tokens=n, ignore_eos=True, **kw)
+    if stats is not None:
+        stats.append(g.stats)
+    return [r.tokens for r in g]
 
 
 def on_device(e: Engine, dev) -> None:
@@ -72,11 +76,11 @@ def on_device(e: Engine, dev) -> None:
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
-def test_trunk_logits_and_greedy_equal_cpu(models, accel_device, arch):
+def test_trunk_logits_and_greedy_equal_cpu(paths, engine, accel_device, arch):
     """Full offload: greedy tokens equal the CPU's; logits within the CPU-vs-device
     difference llama.cpp itself shows on this device (measured here, never below 1e-6,
     with a factor 2 for graphs that are not op-for-op llama.cpp's)."""
-    path = models[arch]
+    path = paths[arch]
     with engine(path) as e:
         cpu, cpu_toks = ours_greedy(e, PROMPT, 16)
     with engine(path, accel_device) as e:
@@ -92,10 +96,10 @@ def test_trunk_logits_and_greedy_equal_cpu(models, accel_device, arch):
 
 
 @pytest.mark.parametrize("how", ["ngl", "override", "cpu-moe"])
-def test_partial_offload_equals_cpu(models, accel_device, how):
+def test_partial_offload_equals_cpu(paths, engine, accel_device, how):
     """Part of the model on the device (-ngl 3, -ot, --cpu-moe), the rest on the CPU:
     greedy and speculative tokens equal the CPU's."""
-    path = models["moe"]
+    path = paths["moe"]
     with engine(path, spec_type="draft-mtp", spec=SpecConfig(n_max=3, adaptive=False),
                 n_parallel=2) as e:
         ref = tokens(e, PROMPTS)
@@ -118,31 +122,33 @@ def test_partial_offload_equals_cpu(models, accel_device, how):
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("layout", ["grafted", "split"])
 @pytest.mark.parametrize("rollback", ["snapshot", "checkpoint"])
-def test_mtp_drafting_lossless_on_device(models, accel_device, arch, layout, rollback):
+def test_mtp_drafting_lossless_on_device(paths, engine, accel_device, arch, layout, rollback):
     """MTP speculation on the device, two sequences (-np 2), grafted and separate heads,
     snapshot and checkpoint rollback: tokens equal plain decoding on the CPU, and the
     drafts are accepted as often as on the CPU (the same drafts)."""
-    path = models[arch] if layout == "grafted" else models[f"{arch}-split"]
+    path = paths[arch] if layout == "grafted" else paths[f"{arch}-split"]
     trunk = path[0] if isinstance(path, tuple) else path
     with engine(trunk, n_parallel=2) as e:
         plain = tokens(e, PROMPTS)
     spec = SpecConfig(n_max=3, rollback=rollback, adaptive=False)
     with engine(path, spec_type="draft-mtp", spec=spec, n_parallel=2) as e:
-        assert tokens(e, PROMPTS) == plain
-        cpu_stats = (e.stats.n_drafted, e.stats.n_accepted)
+        st: list = []
+        assert tokens(e, PROMPTS, stats=st) == plain
+        cpu_stats = (st[0].n_drafted, st[0].n_accepted)
     with engine(path, accel_device, spec_type="draft-mtp", spec=spec, n_parallel=2) as e:
         on_device(e, accel_device)
         assert e.rollback == rollback
-        assert tokens(e, PROMPTS) == plain
-        assert (e.stats.n_drafted, e.stats.n_accepted) == cpu_stats
-        assert e.stats.n_accepted > 0
+        st = []
+        assert tokens(e, PROMPTS, stats=st) == plain
+        assert (st[0].n_drafted, st[0].n_accepted) == cpu_stats
+        assert st[0].n_accepted > 0
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
-def test_seeded_sampling_in_graph_and_on_host(models, accel_device, arch):
+def test_seeded_sampling_in_graph_and_on_host(paths, engine, accel_device, arch):
     """Seeded sampling with the chain in the device graph (-bs) and on the host gives the
     CPU's tokens; with MTP the coupled drafts (drawn in the device's MTP graph) keep them."""
-    path = models[arch]
+    path = paths[arch]
     with engine(path, n_parallel=2, sampling=SAMPLED, backend_sampling=False) as e:
         ref = tokens(e, PROMPTS)
     for bs in (True, False):
@@ -157,14 +163,15 @@ def test_seeded_sampling_in_graph_and_on_host(models, accel_device, arch):
     spec = SpecConfig(n_max=3, adaptive=False, draft_sampling="coupled")
     with engine(path, accel_device, n_parallel=2, sampling=SAMPLED, backend_sampling=True,
                 spec_type="draft-mtp", spec=spec) as e:
-        assert tokens(e, PROMPTS) == ref
-        assert e.stats.n_accepted > 0
+        st = []
+        assert tokens(e, PROMPTS, stats=st) == ref
+        assert st[0].n_accepted > 0
 
 
-def test_scheduler_continuous_batching_on_device(models, accel_device):
+def test_scheduler_continuous_batching_on_device(paths, engine, accel_device):
     """The server's scheduler on the device: four requests of their own (greedy and seeded,
     speculation on and off) joining one batch give what each gives alone."""
-    path = models["dense"]
+    path = paths["dense"]
     reqs = [(PROMPTS[0], None, True), (PROMPTS[1], SAMPLED, True),
             ([500, 501, 502, 503], None, False), ([310], SAMPLED, False)]
     with engine(path, accel_device, n_parallel=4, spec_type="draft-mtp", ctx_checkpoints=0,
@@ -177,12 +184,12 @@ def test_scheduler_continuous_batching_on_device(models, accel_device):
         assert [h.result().tokens for h in hs] == solo
 
 
-def test_device_runs_every_op_or_reports_the_fallback(models, accel_device):
+def test_device_runs_every_op_or_reports_the_fallback(paths, engine, accel_device):
     """Every graph the loop builds (prompt, decode, verify, MTP catch-up and drafts, device
     sampling) is probed against the device before ggml splits it: what the device lacks is
     a reported CPU fallback, never an abort; the output still equals the CPU's. Quirks in
     force for this device are reported in one line each."""
-    path = models["moe"]
+    path = paths["moe"]
     spec = SpecConfig(n_max=3, adaptive=False)
     with engine(path, spec_type="draft-mtp", spec=spec, sampling=SAMPLED,
                 backend_sampling=False) as e:

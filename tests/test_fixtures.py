@@ -37,24 +37,23 @@ PRESETS = {"dense": tiny_dense, "moe": tiny_moe}
 
 
 @pytest.fixture(scope="session")
-def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ModelSpec, Path]]:
+def fixtures(models) -> dict[str, tuple[ModelSpec, Path]]:
     """name -> (spec, path) for a covering set of variants (split = two entries)."""
-    root = tmp_path_factory.mktemp("fixtures")
     out: dict[str, tuple[ModelSpec, Path]] = {}
     for arch, preset in PRESETS.items():
         for dtype in ("f32", "f16", "q8_0"):
             spec = preset(dtype=dtype)
-            out[f"{arch}-grafted-{dtype}"] = (spec, write_model(root / f"{arch}-{dtype}.gguf", spec))
+            out[f"{arch}-grafted-{dtype}"] = (spec, models.path(spec))
         spec = preset(mtp="none")
-        out[f"{arch}-none-f32"] = (spec, write_model(root / f"{arch}-none.gguf", spec))
+        out[f"{arch}-none-f32"] = (spec, models.path(spec))
         for dtype in ("f32", "q8_0"):
             spec = preset(dtype=dtype)
-            trunk, mtp = write_split(root / f"split-{arch}-{dtype}", spec)
+            trunk, mtp = models.path(spec, layout="split")
             out[f"{arch}-split-{dtype}-trunk"] = (spec, trunk)
             out[f"{arch}-split-{dtype}-mtp"] = (spec, mtp)
     for arch, dtype in (("dense", "f32"), ("moe", "q8_0")):
         spec = PRESETS[arch](dtype=dtype, agreement=0.85)
-        out[f"{arch}-agree-{dtype}"] = (spec, write_model(root / f"{arch}-agree.gguf", spec))
+        out[f"{arch}-agree-{dtype}"] = (spec, models.path(spec))
     return out
 
 
@@ -305,7 +304,8 @@ def test_v_reorder_is_consistent_across_tensors(fixtures) -> None:
 
 def test_q8_0_matches_ggml_reference() -> None:
     """Q8_0 bytes are ggml's own (quantize_row_q8_0_ref via ggml_quantize_chunk)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    llama_cpp = pytest.importorskip("llama_cpp", reason="ggml's quantizer is llama-cpp-python's "
+                                    "libggml-base (pip install -e .)")
     lib = ctypes.CDLL(os.path.join(os.path.dirname(llama_cpp.__file__), "lib",
                                    "libggml-base.so"))
     f = lib.ggml_quantize_chunk

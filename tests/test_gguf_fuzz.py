@@ -259,14 +259,12 @@ class Case:
 
 
 @pytest.fixture(scope="module")
-def cases(tmp_path_factory: pytest.TempPathFactory) -> list[Case]:
-    from pyggspec.testing import tiny_dense, tiny_moe, write_model, write_split
-
-    root = tmp_path_factory.mktemp("fuzz")
-    trunk, mtp = write_split(root / "split", tiny_dense(dtype="q8_0"))
+def cases(tmp_path_factory: pytest.TempPathFactory, models) -> list[Case]:
+    root = tmp_path_factory.mktemp("fuzz")  # the mutated files
+    trunk, mtp = models.split("dense", dtype="q8_0")
     bases = {
-        "dense": write_model(root / "dense.gguf", tiny_dense(dtype="q8_0")),
-        "moe": write_model(root / "moe.gguf", tiny_moe(dtype="q8_0")),
+        "dense": models.dense(dtype="q8_0"),
+        "moe": models.moe(dtype="q8_0"),
         "trunk": trunk,
         "mtp": mtp,
     }

@@ -13,7 +13,7 @@ from pyggspec.cli import main
 from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
-from pyggspec.testing import cached_model, qwen35_0_8b, tiny_dense, tiny_moe
+from pyggspec.testing import cached_model, qwen35_0_8b
 
 
 def _zero_weights(self):
@@ -27,18 +27,19 @@ def _zero_weights(self):
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def paths(models):
     """tiny dense / MoE (f32, 16k context), the same split into trunk + MTP file, and real
     Qwen3.5-0.8B widths and vocabulary with 4 layers (q8_0 zeros: written in a second)."""
     from pyggspec.testing import writer
 
-    d = tmp_path_factory.mktemp("memplan")
     kw = {"dtype": "f32", "agreement": 0.8, "tied_embeddings": False, "context_length": 16384}
-    out = {a: cached_model(f(**kw), d) for a, f in (("dense", tiny_dense), ("moe", tiny_moe))}
-    out["split"] = cached_model(tiny_dense(**kw), d, layout="split")
+    out = {a: models.get(a, **kw) for a in ("dense", "moe")}
+    out["split"] = models.split("dense", **kw)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(writer.TensorEntry, "data", _zero_weights)
-        out["0.8b"] = cached_model(qwen35_0_8b(dtype="q8_0", n_layer=4), d)
+        # a directory of its own: these bytes are not what the spec's digest names
+        out["0.8b"] = cached_model(qwen35_0_8b(dtype="q8_0", n_layer=4),
+                                   models.root / "zero-weights")
     return out
 
 
@@ -56,12 +57,12 @@ def _inspect(path, n_ctx, n_par, ub, n_max, rollback, mtp=None, ngl=0, device=No
     return json.loads(r.output)["memory"]
 
 
-def _engine(path, n_ctx, n_par, ub, n_max, rollback, mtp=None, **kw) -> Engine:
+def _engine(make_engine, path, n_ctx, n_par, ub, n_max, rollback, mtp=None, **kw) -> Engine:
     spec = ({"spec_type": "draft-mtp", "spec": SpecConfig(n_max=n_max, rollback=rollback or
                                                           "auto")} if n_max else {})
     kw.setdefault("n_gpu_layers", 0)
-    return Engine(path, mtp_path=mtp, n_ctx=n_ctx, n_parallel=n_par, n_ubatch=ub,
-                  n_threads=2, load_tokenizer=False, repack=False, **spec, **kw)
+    return make_engine(path, mtp_path=mtp, n_ctx=n_ctx, n_parallel=n_par, n_ubatch=ub,
+                       repack=False, **spec, **kw)
 
 
 # model, ctx, parallel, ubatch, n_max, rollback
@@ -80,13 +81,14 @@ GRID = [
 
 
 @pytest.mark.parametrize("arch,n_ctx,n_par,ub,n_max,rollback", GRID)
-def test_inspect_predicts_reserved_compute(models, arch, n_ctx, n_par, ub, n_max, rollback):
+def test_inspect_predicts_reserved_compute(paths, make_engine, arch, n_ctx, n_par, ub, n_max,
+                                           rollback):
     """inspect (nothing loaded) predicts every component the engine allocates at startup;
     compute within 5% per device (it is the same ggml sizing of the same graphs)."""
-    path, mtp = (models[arch], None) if arch != "split" else models[arch]
+    path, mtp = (paths[arch], None) if arch != "split" else paths[arch]
     pred = _inspect(path, n_ctx, n_par, ub, n_max, rollback, mtp)
     assert "compute_estimated" not in pred
-    with _engine(path, n_ctx, n_par, ub, n_max, rollback, mtp) as e:
+    with _engine(make_engine, path, n_ctx, n_par, ub, n_max, rollback, mtp) as e:
         got = e.memory()
         plan = e.memory_plan.to_dict()
     for comp in ("kv", "mtp_kv", "recurrent", "snapshots", "checkpoints"):
@@ -132,11 +134,12 @@ def _mixed_run(e: Engine, n_max: int) -> None:
     ("moe", 640, 4, 64, 2, "checkpoint"),
     ("0.8b", 128, 3, 64, 3, "snapshot"),
 ])
-def test_compute_buffers_never_grow(models, arch, n_ctx, n_par, ub, n_max, rollback):
+def test_compute_buffers_never_grow(paths, make_engine, arch, n_ctx, n_par, ub, n_max, rollback):
     """The startup reservation covers every graph the generation loop and decode() run,
     sampler chains in the graph included (greedy, a sampled token after every graph stage,
     top-k candidates; coupled drafts in the MTP graph)."""
-    with _engine(models[arch], n_ctx, n_par, ub, n_max, rollback, backend_sampling=True) as e:
+    with _engine(make_engine, paths[arch], n_ctx, n_par, ub, n_max, rollback,
+                 backend_sampling=True) as e:
         planned = e.memory_plan.to_dict()["compute"]
         assert e.memory()["compute"] == planned
         _mixed_run(e, n_max)
@@ -152,12 +155,13 @@ def test_compute_buffers_never_grow(models, arch, n_ctx, n_par, ub, n_max, rollb
             assert e.memory()["compute"] == planned, p
 
 
-def test_prediction_and_reservation_across_devices(models, rpc_device):
+def test_prediction_and_reservation_across_devices(paths, make_engine, rpc_device):
     """Layers, the MTP block and the LM head on a second device (RPC): each device's compute
     buffer is predicted by inspect, reserved at startup and not grown by a generation."""
-    path, dev = models["dense"], rpc_device.name
+    path, dev = paths["dense"], rpc_device.name
     pred = _inspect(path, 512, 2, 128, 3, "snapshot", ngl=3, device=dev)
-    with _engine(path, 512, 2, 128, 3, "snapshot", n_gpu_layers=3, device=dev) as e:
+    with _engine(make_engine, path, 512, 2, 128, 3, "snapshot", n_gpu_layers=3,
+                 device=dev) as e:
         got = e.memory()["compute"]
         assert set(got) == {"CPU", dev} and all(n > 0 for n in got.values())
         assert pred["compute"] == pytest.approx(got, rel=0.05)
@@ -172,15 +176,15 @@ def test_prediction_and_reservation_across_devices(models, rpc_device):
         assert all(0 < steps[d] <= bound[d] for d in steps), (steps, bound)
 
 
-def test_snapshots_that_do_not_fit_fall_back_to_checkpoints(models, monkeypatch):
+def test_snapshots_that_do_not_fit_fall_back_to_checkpoints(paths, make_engine, monkeypatch):
     """auto picks snapshots; when the devices cannot hold them it says so and degrades to
     checkpoints before allocating anything; when even that does not fit, a clear error."""
     from pyggspec.errors import PyggspecError
     from pyggspec.ggml.device import Device
 
-    path = models["dense"]
-    with Engine(path, n_ctx=512, n_parallel=2, n_threads=2, n_gpu_layers=0,
-                spec_type="draft-mtp", spec=SpecConfig(n_max=4)) as e:
+    path = paths["dense"]
+    with make_engine(path, n_ctx=512, n_parallel=2, n_gpu_layers=0, load_tokenizer=True,
+                     spec_type="draft-mtp", spec=SpecConfig(n_max=4)) as e:
         assert e.rollback == "snapshot"
         snap = e.memory_plan.total_bytes - sum(e.memory_plan.components["weights"].values())
         ck_plan = e.memory_plan.components.get("snapshots", {})
@@ -192,12 +196,12 @@ def test_snapshots_that_do_not_fit_fall_back_to_checkpoints(models, monkeypatch)
 
     budget = snap - sum(ck_plan.values()) // 2  # enough for checkpoints, not for snapshots
     monkeypatch.setattr(Device, "memory", lambda self: limited(self, budget))
-    with Engine(path, n_ctx=512, n_parallel=2, n_threads=2, n_gpu_layers=0,
-                spec_type="draft-mtp", spec=SpecConfig(n_max=4)) as e:
+    with make_engine(path, n_ctx=512, n_parallel=2, n_gpu_layers=0, load_tokenizer=True,
+                     spec_type="draft-mtp", spec=SpecConfig(n_max=4)) as e:
         assert e.rollback == "checkpoint"
         out = e.generate_batch([[300, 301]], max_tokens=8, ignore_eos=True)
         assert len(out[0].tokens) == 8
     monkeypatch.setattr(Device, "memory", lambda self: limited(self, 1024))
     with pytest.raises(PyggspecError, match="MiB are free"):
-        Engine(path, n_ctx=512, n_parallel=2, n_threads=2, n_gpu_layers=0,
-               spec_type="draft-mtp", spec=SpecConfig(n_max=4))
+        make_engine(path, n_ctx=512, n_parallel=2, n_gpu_layers=0, load_tokenizer=True,
+                    spec_type="draft-mtp", spec=SpecConfig(n_max=4))

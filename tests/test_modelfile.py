@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 from conftest import DELETE, write_tiny
@@ -13,8 +14,6 @@ from pyggspec.modelfile import (
     open_model,
     recurrent_bytes_per_seq,
 )
-
-gguf = pytest.importorskip("gguf")
 
 
 @pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
@@ -189,7 +188,7 @@ def test_open_model_pair(tiny):
         assert model.mtp_source is None
 
 
-def test_pair_errors(tiny, tmp_path):
+def test_pair_errors(tiny):
     trunk, sidecar = tiny("trunk", mtp="none"), tiny("mtp-only", mtp="only")
     with pytest.raises(ModelFileError, match=r"not an MTP file \(nextn_predict_layers = 0\)") \
             as e:
@@ -200,12 +199,12 @@ def test_pair_errors(tiny, tmp_path):
     assert e.value.where == str(sidecar)
     with pytest.raises(ModelFileError, match="not an MTP-only file"):
         open_model(trunk, tiny("dense"))
-    other = write_tiny(tmp_path / "mtp-other.gguf", mtp="only", n_embd=128)
+    other = tiny("mtp-wide", mtp="only", n_embd=128)
     with pytest.raises(ModelFileError, match="does not belong to trunk.gguf: n_embd 128 here "
                                              "vs 64 in the model") as e:
         open_model(trunk, other)
     assert e.value.where == str(other)
-    other = write_tiny(tmp_path / "mtp-vocab.gguf", mtp="only", n_vocab=320)
+    other = tiny("mtp-vocab320", mtp="only", n_vocab=320)
     with pytest.raises(ModelFileError, match="n_vocab 320 here vs 256"):
         open_model(trunk, other)
 
@@ -222,7 +221,7 @@ def test_estimates(tiny):
 
 
 def test_generator_fixtures(testing_models):
-    """The project generator's files load, validate and pair (skipped until it lands)."""
+    """The project generator's files load, validate and pair."""
     for name, path in testing_models.items():
         if name.endswith("-split-mtp"):
             continue

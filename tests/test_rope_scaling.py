@@ -16,11 +16,9 @@ import pytest
 from conftest import write_tiny
 
 from pyggspec.config import SpecConfig
-from pyggspec.engine import Engine
 from pyggspec.errors import ModelFileError
 from pyggspec.modelfile import HParams, ModelFile
 from pyggspec.models.mtp import MtpBatch
-from pyggspec.testing import cached_model, tiny_dense
 from pyggspec.testing.oracle import OracleModel, oracle_greedy, rel_err
 from pyggspec.testing.spec import RopeScaling
 
@@ -29,15 +27,8 @@ PROMPT = [int(t) for t in np.random.default_rng(11).integers(5, 900, size=96)]
 N_GREEDY = 8
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("rope_models")
-
-
-
-
-def ours_greedy(path, prompt, n):
-    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False) as e:
+def ours_greedy(make_engine, path, prompt, n):
+    with make_engine(path, n_ctx=256) as e:
         lg = e.eval(prompt)
         rows, toks = [lg], []
         for _ in range(n):
@@ -54,8 +45,8 @@ def _old_graph_rope(monkeypatch):
         lambda hp: dataclasses.replace(real(hp), ext_factor=0.0, attn_factor=1.0)))
 
 
-def test_yarn_hparams_resolve_like_llamacpp(model_dir):
-    path = cached_model(tiny_dense(rope_scaling=YARN), model_dir)
+def test_yarn_hparams_resolve_like_llamacpp(models):
+    path = models.dense(rope_scaling=YARN)
     with ModelFile.open(path) as m:
         hp = m.hparams
     assert (hp.rope_scaling_type, hp.rope_freq_scale, hp.n_ctx_orig_yarn) == ("yarn", 0.25, 64)
@@ -66,21 +57,21 @@ def test_yarn_hparams_resolve_like_llamacpp(model_dir):
     assert abs(r.attn_factor - 1.0) < 1e-7
 
 
-def test_yarn_logits_match_llamacpp(model_dir, monkeypatch):
-    path = cached_model(tiny_dense(rope_scaling=YARN, mtp="none"), model_dir)
+def test_yarn_logits_match_llamacpp(models, make_engine, monkeypatch):
+    path = models.dense(rope_scaling=YARN, mtp="none")
     ref, ref_toks = oracle_greedy(path, PROMPT, N_GREEDY)
-    ours, toks = ours_greedy(path, PROMPT, N_GREEDY)
+    ours, toks = ours_greedy(make_engine, path, PROMPT, N_GREEDY)
     assert toks == ref_toks
     assert rel_err(ours, ref) <= 1e-4
     # the graph as it was runs this file with visibly different positions
     _old_graph_rope(monkeypatch)
-    old, _ = ours_greedy(path, PROMPT, N_GREEDY)
+    old, _ = ours_greedy(make_engine, path, PROMPT, N_GREEDY)
     assert rel_err(old, ref) > 1e-2
 
 
-def test_yarn_mtp_logits_match_llamacpp(model_dir, monkeypatch):
+def test_yarn_mtp_logits_match_llamacpp(models, make_engine, monkeypatch):
     """The MTP head's attention ropes with the same scaling."""
-    path = cached_model(tiny_dense(rope_scaling=YARN), model_dir)
+    path = models.dense(rope_scaling=YARN)
     prompt = PROMPT[:80]
     with OracleModel(path) as om, om.context(n_ctx=256, n_batch=256, nextn=True) as oc:
         t = int(oc.eval(prompt)[-1].argmax())
@@ -91,8 +82,8 @@ def test_yarn_mtp_logits_match_llamacpp(model_dir, monkeypatch):
         ref = mc.mtp_eval(prompt + [t], paired, 0)
 
     def ours() -> np.ndarray:
-        with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp", load_tokenizer=False,
-                    spec=SpecConfig(n_max=1), draft_backend_sampling=False) as e:
+        with make_engine(path, n_ctx=256, spec_type="draft-mtp", spec=SpecConfig(n_max=1),
+                         draft_backend_sampling=False) as e:
             n = len(prompt) + 1
             res = e.mtp.run(MtpBatch(np.array([prompt + [t]], np.int32), paired[None],
                                      np.array([0]), (0,), np.arange(n, dtype=np.int32)))
@@ -103,18 +94,17 @@ def test_yarn_mtp_logits_match_llamacpp(model_dir, monkeypatch):
     assert rel_err(ours(), ref) > 1e-2
 
 
-def test_linear_logits_match_llamacpp(model_dir):
-    path = cached_model(tiny_dense(rope_scaling=RopeScaling("linear", factor=2.0), mtp="none"),
-                        model_dir)
+def test_linear_logits_match_llamacpp(models, make_engine):
+    path = models.dense(rope_scaling=RopeScaling("linear", factor=2.0), mtp="none")
     ref, ref_toks = oracle_greedy(path, PROMPT[:48], 4)
-    ours, toks = ours_greedy(path, PROMPT[:48], 4)
+    ours, toks = ours_greedy(make_engine, path, PROMPT[:48], 4)
     assert toks == ref_toks
     assert rel_err(ours, ref) <= 1e-4
 
 
-def test_yarn_keys_written_as_converter_writes_them(model_dir):
+def test_yarn_keys_written_as_converter_writes_them(models):
     rs = dataclasses.replace(YARN, beta_fast=32.0, beta_slow=1.0)
-    path = cached_model(tiny_dense(rope_scaling=rs, mtp="none"), model_dir)
+    path = models.dense(rope_scaling=rs, mtp="none")
     with ModelFile.open(path) as m:
         md, hp = m.gguf.metadata, m.hparams
         keys = list(md)

@@ -11,10 +11,10 @@ import pytest
 
 from pyggspec.errors import ModelFileError
 from pyggspec.modelfile import ModelFile
-
-pytest.importorskip("llama_cpp")
-testing = pytest.importorskip("pyggspec.testing")
 from pyggspec.tokenizer import Detokenizer, Tokenizer
+
+pytest.importorskip("llama_cpp", reason="the tokenizer is llama.cpp's vocabulary, through "
+                    "llama-cpp-python (pip install -e .)")
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -28,12 +28,9 @@ TEXTS = [
 
 
 @pytest.fixture(scope="session")
-def paths(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tok")
-    spec = testing.tiny_dense(dtype="q8_0")
-    full = testing.write_model(root / "full.gguf", spec)
-    _, mtp = testing.write_split(root / "split", spec)
-    return {"full": full, "mtp": mtp}
+def paths(models) -> dict[str, Path]:
+    _, mtp = models.split("dense", dtype="q8_0")
+    return {"full": models.dense(dtype="q8_0"), "mtp": mtp}
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +178,8 @@ def test_ggml_log_callback_survives(paths):
 
 def test_load_ignores_a_dead_rpc_device(paths):
     """A vocab-only load must not probe devices (llama.cpp aborts on a dead RPC server)."""
-    device = pytest.importorskip("pyggspec.ggml.device")
+    from pyggspec.ggml import device
+
     if not device.has_rpc():
         pytest.skip("llama-cpp-python built without RPC")
     with device.RpcServer() as server:

@@ -11,20 +11,14 @@ from pyggspec.errors import DeviceError, PyggspecError
 from pyggspec.modelfile import Model, open_model
 from pyggspec.weights import MTP_PREFIX, Weights, load_weights, plan_placement, sum_bytes
 
-testing = pytest.importorskip("pyggspec.testing")
-device = pytest.importorskip("pyggspec.ggml.device")
-
 
 @pytest.fixture(scope="session")
-def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("weights")
+def files(models) -> dict[str, Path]:
     out: dict[str, Path] = {}
-    for arch, preset in (("dense", testing.tiny_dense), ("moe", testing.tiny_moe)):
+    for arch in ("dense", "moe"):
         for dtype in ("f32", "f16", "q8_0"):
-            out[f"{arch}-{dtype}"] = testing.write_model(root / f"{arch}-{dtype}.gguf",
-                                                         preset(dtype=dtype))
-    out["split-trunk"], out["split-mtp"] = testing.write_split(root / "split",
-                                                               testing.tiny_dense(dtype="q8_0"))
+            out[f"{arch}-{dtype}"] = models.get(arch, dtype=dtype)
+    out["split-trunk"], out["split-mtp"] = models.split("dense", dtype="q8_0")
     return out
 
 
