@@ -21,6 +21,7 @@ from pyggspec.errors import PyggspecError
 from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
 from pyggspec.ggml.sched import Scheduler
 from pyggspec.memory import KVCache, RecurrentState, SlotMemory
+from pyggspec.memory.plan import planned_n_ctx
 from pyggspec.modelfile import open_model
 from pyggspec.models.batch import padded_rows
 from pyggspec.models.qwen35 import Target
@@ -91,9 +92,8 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
                                 "with -m and this file with --spec-draft-model")
         p.hp = hp = trunk.hparams
         p.n_vocab = trunk.n_vocab
-        p.n_ctx = cfg.n_ctx
-        if hp.n_ctx_train and cfg.n_ctx > hp.n_ctx_train:
-            p.n_ctx = hp.n_ctx_train
+        p.n_ctx = planned_n_ctx(cfg, hp)
+        if p.n_ctx < cfg.n_ctx:
             log.warning("-c %d is more than the model's training context; using %d",
                         cfg.n_ctx, hp.n_ctx_train)
         cfg.sampling.check_vocab(p.n_vocab)
@@ -172,38 +172,30 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
 
 
 def plan_memory(p: Parts):
-    """Every component predicted before the states are allocated; compute buffers from
-    ggml's sizing of the worst-case graphs on this engine's schedulers (reserved for real
-    once the states exist, so the engine's ``memory()`` reports the same numbers)."""
-    from pyggspec.compute import GraphOptions, sampling_sizing, size_compute
-    from pyggspec.memory.plan import plan_memory as plan
+    """Every component predicted before the states are allocated, by the planner
+    ``pyggspec inspect`` uses too; compute buffers from ggml's sizing of the worst-case
+    graphs on this engine's schedulers (reserved for real once the states exist, so the
+    engine's ``memory()`` reports the same numbers)."""
+    from pyggspec.compute import sampling_sizing, size_compute
+    from pyggspec.memory.plan import coupled_drafts, graph_options, plan_engine_memory
 
     cfg, hp = p.cfg, p.hp
     mtp_dev = mtp_hp = None
     if cfg.speculative:
         mtp_dev = p.weights.device_of(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
         mtp_hp = p.model.mtp_file.hparams if p.model.mtp_file is not None else None
-    opts = GraphOptions(p.n_ctx, cfg.n_parallel, cfg.n_ubatch,
-                        cfg.spec.n_max if cfg.speculative else 0, p.rollback,
-                        cfg.type_k, cfg.type_v, cfg.mtp_type_k, cfg.mtp_type_v,
-                        device_argmax=cfg.draft_backend_sampling,
-                        draft_vocab=max(0, cfg.spec.draft_vocab))
+    opts = graph_options(cfg, hp, p.rollback)
     layer_devs = {il: get_device(p.placement.layer_devices[il]) for il in range(hp.n_layer)}
     p.step_rows = opts.step_rows  # graphs up to this many rows keep their scheduler
-    coupled = bool(cfg.speculative and cfg.spec.draft_sampling == "coupled"
-                   and cfg.draft_backend_sampling and cfg.spec.p_min == 0)
     sizing = sampling_sizing(p.n_vocab, p.placement, p.weights, hp.n_layer,
-                             backend_sampling=cfg.backend_sampling, coupled_drafts=coupled,
-                             default=cfg.sampling)
+                             backend_sampling=cfg.backend_sampling,
+                             coupled_drafts=coupled_drafts(cfg), default=cfg.sampling)
     p.compute = size_compute(opts, hp, p.weights, layer_devs, p.sched, p.mtp_sched, mtp_hp,
                              mtp_dev, sizing)
-    return plan(hp, p.n_vocab, dict(p.weights.bytes_by_device()), p.placement.layer_devices,
-                p.placement.output_device, n_ctx=p.n_ctx, n_parallel=cfg.n_parallel,
-                n_ubatch=cfg.n_ubatch, type_k=cfg.type_k, type_v=cfg.type_v,
-                spec_n_max=opts.spec_n_max, rollback=p.rollback,
-                mtp_device=mtp_dev.name if mtp_dev is not None else None, mtp_hp=mtp_hp,
-                mtp_type_k=cfg.mtp_type_k, mtp_type_v=cfg.mtp_type_v,
-                compute=p.compute.by_device(), step_graphs=p.compute.steps)
+    return plan_engine_memory(cfg, hp, p.n_vocab, p.placement, p.weights.bytes_by_device(),
+                              rollback=p.rollback,
+                              mtp_device=mtp_dev.name if mtp_dev is not None else None,
+                              mtp_hp=mtp_hp, compute=p.compute)
 
 
 def _check_fit(p: Parts) -> None:

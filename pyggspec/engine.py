@@ -17,7 +17,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,38 +30,22 @@ from pyggspec.ggml.device import get_device
 from pyggspec.models.batch import StepResult
 from pyggspec.sampling import SamplingParams
 from pyggspec.sampling.session import SequenceSamplers
-from pyggspec.serving.request import Event, Request, RequestHandle
+from pyggspec.serving.request import (
+    Event,
+    Generation,
+    Request,
+    RequestFailed,
+    RequestHandle,
+    RequestTimings,
+    Result,
+)
 from pyggspec.serving.scheduler import Scheduler, SchedulerLimits
 from pyggspec.speculative.stats import SpecStats
 from pyggspec.worker import Worker
 
-__all__ = ["Engine", "EngineConfig", "GenerationResult", "Piece", "SpecConfig", "Timings"]
+__all__ = ["Engine", "EngineConfig", "Generation", "Piece", "Result", "SpecConfig", "Stream"]
 
 log = logging.getLogger("pyggspec.engine")
-
-
-@dataclass
-class Timings:
-    """llama.cpp-style timings plus the host (Python) share of each decode step."""
-
-    prompt_n: int = 0
-    prompt_ms: float = 0.0
-    predicted_n: int = 0
-    predicted_ms: float = 0.0
-    python_ms: list[float] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        def per_s(n: int, ms: float) -> float:
-            return n / (ms / 1000) if ms > 0 else 0.0
-
-        py = float(np.median(self.python_ms)) if self.python_ms else 0.0
-        return {
-            "prompt_n": self.prompt_n, "prompt_ms": self.prompt_ms,
-            "prompt_per_second": per_s(self.prompt_n, self.prompt_ms),
-            "predicted_n": self.predicted_n, "predicted_ms": self.predicted_ms,
-            "predicted_per_second": per_s(self.predicted_n, self.predicted_ms),
-            "python_ms_per_step": py,
-        }
 
 
 @dataclass(frozen=True)
@@ -72,19 +56,23 @@ class Piece:
     text: str
 
 
-@dataclass
-class GenerationResult:
-    text: str
-    tokens: list[int]
-    n_prompt: int
-    stop_reason: str  # "eos" | "stop" | "length" (-n) | "context" (prompt + output == n_ctx)
-    timings: Timings
-    cache_n: int = 0  # prompt tokens reused from the slot's cache
+class Stream:
+    """What :meth:`Engine.stream` returns: iterate it for :class:`Piece` objects; when it
+    ends, ``result`` is the request's :class:`~pyggspec.serving.request.Result`. Closing it
+    early cancels the request."""
 
-    def to_dict(self) -> dict:
-        return {"text": self.text, "tokens": self.tokens, "n_prompt": self.n_prompt,
-                "n_gen": len(self.tokens), "stop_reason": self.stop_reason,
-                "cache_n": self.cache_n, "timings": self.timings.to_dict()}
+    def __init__(self, engine: Engine, handle: RequestHandle) -> None:
+        self._engine = engine
+        self._handle = handle
+        self.result: Result | None = None
+
+    def __iter__(self) -> Iterator[Piece]:
+        try:
+            for ev in self._handle:
+                yield Piece(ev.tokens[0] if ev.tokens else -1, ev.text)
+        finally:
+            self._handle.cancel()
+        self.result = self._engine._collect([self._handle], time.perf_counter())[0]
 
 
 class Engine:
@@ -122,7 +110,6 @@ class Engine:
         except BaseException:
             self._parts.close()
             raise
-        self.stats = SpecStats()  # the last generate call's speculation counts
 
     # --- the step ----------------------------------------------------------------------------
     def step(self) -> bool:
@@ -242,31 +229,21 @@ class Engine:
         return [sched.submit(r) for r in reqs]
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128,
-               ignore_eos: bool = False,
-               sampling: SamplingParams | None = None) -> Iterator[Piece]:
+               ignore_eos: bool = False, sampling: SamplingParams | None = None) -> Stream:
         """Generate for one prompt, one :class:`Piece` (token id + text) at a time, with the
-        engine's sampling and speculation settings.
-
-        When the iterator ends, ``self.last_result`` holds the :class:`GenerationResult`;
-        closing it early cancels the request.
-        """
-        t0 = time.perf_counter()
+        engine's sampling and speculation settings (see :class:`Stream`)."""
         (h,) = self._submit_all([prompt], max_tokens, ignore_eos, sampling)
-        try:
-            for ev in h:
-                yield Piece(ev.tokens[0] if ev.tokens else -1, ev.text)
-        finally:
-            h.cancel()
-        self.last_result = self._collect([h], t0)[0]
+        return Stream(self, h)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
                        ignore_eos: bool = False, on_tokens=None,
-                       sampling: SamplingParams | None = None) -> list[GenerationResult]:
+                       sampling: SamplingParams | None = None) -> Generation:
         """Generate for several prompts at once, in shared batches (one slot each; more
         prompts than slots wait for a free one).
 
         With ``spec_type="draft-mtp"`` every sequence speculates with its own drafts and
-        acceptance; ``on_tokens(index, tokens)`` is called as tokens are emitted.
+        acceptance; ``on_tokens(index, tokens)`` is called as tokens are emitted. Returns
+        the results in prompt order, with the call's timings and speculation counts.
         """
         t0 = time.perf_counter()
         handles = self._submit_all(prompts, max_tokens, ignore_eos, sampling)
@@ -276,11 +253,9 @@ class Engine:
                                if isinstance(item, Event) and item.tokens else None)
         return self._collect(handles, t0)
 
-    def _collect(self, handles: list[RequestHandle], t0: float) -> list[GenerationResult]:
-        """Wait for the results; ``self.stats`` becomes their speculation counts summed.
-        A failed request raises what failed (e.g. the device error)."""
-        from pyggspec.serving.request import RequestFailed
-
+    def _collect(self, handles: list[RequestHandle], t0: float) -> Generation:
+        """Wait for the results. A failed request raises what failed (e.g. the device
+        error)."""
         try:
             results = [h.result() for h in handles]
         except RequestFailed as err:
@@ -290,9 +265,10 @@ class Engine:
                 raise err.__cause__ from None
             raise
         wall = (time.perf_counter() - t0) * 1000
-        timings = Timings()
+        timings = RequestTimings()
         timings.prompt_n = sum(r.timings.prompt_n for r in results)
         timings.prompt_ms = max(r.timings.prompt_ms for r in results)
+        timings.cache_n = sum(r.timings.cache_n for r in results)
         timings.predicted_n = sum(r.timings.predicted_n for r in results)
         timings.predicted_ms = max(0.0, wall - timings.prompt_ms)
         timings.python_ms = max((r.timings.python_ms for r in results), key=len)
@@ -300,14 +276,14 @@ class Engine:
         for r in results:
             if r.spec is not None:
                 stats.merge(r.spec)
-        self.stats = stats
-        return [GenerationResult(r.text, list(r.tokens), r.n_prompt, r.stop_reason, timings,
-                                 r.timings.cache_n) for r in results]
+        timings.draft_n, timings.draft_n_accepted = stats.n_drafted, stats.n_accepted
+        return Generation(results, timings, stats)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
                  ignore_eos: bool = False,
-                 sampling: SamplingParams | None = None) -> GenerationResult:
-        """Generate for one prompt and return the result (text, tokens, timings)."""
+                 sampling: SamplingParams | None = None) -> Result:
+        """Generate for one prompt and return its result (text, tokens, timings, ``spec``:
+        its speculation counts)."""
         return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling)[0]
 
     def create_completion(self, prompt: str | Sequence[int], **kw) -> dict | Iterator[dict]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from pyggspec.errors import PyggspecError
 from pyggspec.memory.slots import SlotMemory
-from pyggspec.models.batch import StepResult, UBatch, padded_rows
+from pyggspec.models.batch import StepResult, UBatch, chunk_group, padded_rows
 from pyggspec.serving.prefix_cache import common_prefix
 from pyggspec.serving.sequence import Batch, DecodeItem, PromptChunk, SeqOutput, StepOutput
 from pyggspec.speculative.verify import accept
@@ -367,10 +367,7 @@ class Worker:
             left = {s: a.size - done[s] for s, a in pending.items() if a.size > done[s]}
             if not left:
                 break
-            # one ubatch: the sequences sharing the smallest remaining count, chunked
-            T = min(min(left.values()), self.n_ubatch)
-            seqs = sorted(s for s, n in left.items() if n >= T)[: max(1, self.n_ubatch // T)]
-            T = min(T, *(self.n_batch - done[s] % self.n_batch for s in seqs))
+            T, seqs = chunk_group(dict(sorted(left.items())), done, self.n_ubatch, self.n_batch)
             tokens = np.stack([pending[s][done[s]: done[s] + T] for s in seqs])
             pos0 = np.array([mem.length(s) for s in seqs], dtype=np.int64)
             if logits == "all":

@@ -54,7 +54,7 @@ py = []
 t2 = time.perf_counter()
 t = int(lg[-1].argmax())  # decode after the prompt, as the server's request does
 for _ in range({n_gen}):
-    t = int(e.step(0, t).argmax())
+    t = int(e.decode_token(0, t).argmax())
     py.append(e.target.last_python_ms)
 t3 = time.perf_counter()
 out = {{"prefill_tps": {n_prompt} / (t1 - t0), "decode_tps": {n_gen} / (t3 - t2),

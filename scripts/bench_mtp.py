@@ -72,7 +72,7 @@ e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)  #
 t0 = time.perf_counter()
 res = e.generate_batch(prompts, max_tokens={args.n}, ignore_eos=True)
 wall = time.perf_counter() - t0
-t = res[0].timings.to_dict()
+t = res.timings.to_dict(host=True)
 out = {{"tokens": [r.tokens for r in res], "python_ms": t["python_ms_per_step"],
        "tps": t["predicted_per_second"] if {P} == 1 else
               sum(len(r.tokens) for r in res) / wall}}

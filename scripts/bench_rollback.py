@@ -35,7 +35,7 @@ e.generate(prompt[:8], max_tokens=4, ignore_eos=True)  # warm-up
 r = e.generate(prompt, max_tokens={args.n}, ignore_eos=True)
 mem = e.memory()
 out = {{"tps": r.timings.to_dict()["predicted_per_second"], "tokens": r.tokens,
-       "evals_per_token": e.stats.n_target_evals / len(r.tokens),
+       "evals_per_token": r.spec.n_target_evals / len(r.tokens),
        "state_bytes": sum(mem.get({rollback + "s"!r}, {{}}).values())}}
 """
     return benchlib.run_engine(

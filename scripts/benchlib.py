@@ -279,10 +279,11 @@ from pyggspec.sampling import SamplingParams
 with Engine({str(path)!r}, load_tokenizer=False, progress=False, {engine_kw}
             {engine_offload_kw()}) as e:
 {textwrap.indent(textwrap.dedent(body).strip(), "    ")}
-    if e.spec_type:
-        out["accept"] = e.stats.acceptance
-        out["mean_len"] = e.stats.mean_accepted_length
-        out["stats"] = e.stats.to_dict()
+    if e.spec_type:  # the speculation counts of the body's last call (res or r)
+        st = res.stats if "res" in globals() else r.spec
+        out["accept"] = st.acceptance
+        out["mean_len"] = st.mean_accepted_length
+        out["stats"] = st.to_dict()
     print(json.dumps(out))
 """
     return run_child(code)

@@ -48,7 +48,7 @@ def _run(path: Path, *, n_parallel: int = 1, spec: dict | None = None, sampling=
         out = {"tokens": [r.tokens for r in res], "stop": [r.stop_reason for r in res],
                "memory": e.memory(), "plan": e.memory_plan.to_dict()}
         if spec is not None:
-            st = e.stats
+            st = res.stats if hasattr(res, "stats") else e.stats  # per call (new) or engine (old)
             out["spec"] = {"n_drafted": st.n_drafted, "n_accepted": st.n_accepted,
                            "n_steps": st.n_steps, "n_target_evals": st.n_target_evals,
                            "n_mtp_evals": st.n_mtp_evals,
@@ -73,7 +73,9 @@ def _python_share(path: Path) -> float:
     for _ in range(5):
         with Engine(path, n_ctx=256, load_tokenizer=False, progress=False) as e:
             r = e.generate(PROMPTS[0], max_tokens=64, ignore_eos=True)
-            vals.append(r.timings.to_dict()["python_ms_per_step"])
+            t = r.timings
+            vals.append(t.python_ms_per_step if hasattr(t, "python_ms_per_step")
+                        else t.to_dict()["python_ms_per_step"])
     return statistics.median(vals)
 
 

@@ -137,9 +137,8 @@ def _gen(path, prompts, n, sampling=None, pinned=None, **spec):
         if pinned is not None:
             pinned.frozen = True
             e.draft_policy.costs = pinned
-        out = [r.tokens for r in e.generate_batch(prompts, max_tokens=n, ignore_eos=True,
-                                                  sampling=sampling)]
-        return out, e.stats, e.draft_policy
+        g = e.generate_batch(prompts, max_tokens=n, ignore_eos=True, sampling=sampling)
+        return [r.tokens for r in g], g.stats, e.draft_policy
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])

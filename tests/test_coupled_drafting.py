@@ -116,10 +116,10 @@ def test_coupled_acceptance_at_least_greedy(models, temp):
             prompt += e.generate(prompt, max_tokens=4, ignore_eos=True).tokens  # on the cycle
             rates = []
             for seed in (1, 2, 3):
-                e.generate(prompt, max_tokens=64, ignore_eos=True,
-                           sampling=SamplingParams(temp=temp, top_k=0, top_p=1.0, min_p=0.0,
-                                                   seed=seed))
-                rates.append(e.stats.acceptance)
+                r = e.generate(prompt, max_tokens=64, ignore_eos=True,
+                               sampling=SamplingParams(temp=temp, top_k=0, top_p=1.0,
+                                                       min_p=0.0, seed=seed))
+                rates.append(r.spec.acceptance)
             acc[ds] = sum(rates) / len(rates)
     assert acc["coupled"] >= acc["greedy"] - 1e-9, acc
     if temp >= 3.0:  # measured here: coupled 0.38, greedy 0.10 (this head is flatter than
@@ -159,11 +159,11 @@ def test_coupled_acceptance_stays_high_with_a_calibrated_head(tmp_path_factory):
             prompt += e.generate(prompt, max_tokens=4, ignore_eos=True).tokens
             drafted = accepted = 0
             for seed in (1, 2, 3):
-                e.generate(prompt, max_tokens=64, ignore_eos=True,
-                           sampling=SamplingParams(temp=3.0, top_k=0, top_p=1.0, min_p=0.0,
-                                                   seed=seed))
-                drafted += e.stats.n_drafted
-                accepted += e.stats.n_accepted
+                r = e.generate(prompt, max_tokens=64, ignore_eos=True,
+                               sampling=SamplingParams(temp=3.0, top_k=0, top_p=1.0,
+                                                       min_p=0.0, seed=seed))
+                drafted += r.spec.n_drafted
+                accepted += r.spec.n_accepted
             acc[ds] = accepted / drafted
     assert acc["coupled"] >= 0.9 and acc["greedy"] <= 0.3, acc
 
@@ -183,9 +183,9 @@ def test_coupled_drafts_over_a_draft_vocabulary(models, draft_backend_sampling):
     with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=3, draft_vocab=512),
                 backend_sampling=True, draft_backend_sampling=draft_backend_sampling) as e:
-        got = [r.tokens for r in e.generate_batch(prompts, max_tokens=24, ignore_eos=True,
-                                                  sampling=sp)]
-        assert e.stats.n_drafted > 0 and not e.drafter.failed
+        g = e.generate_batch(prompts, max_tokens=24, ignore_eos=True, sampling=sp)
+        got = [r.tokens for r in g]
+        assert g.stats.n_drafted > 0 and not e.drafter.failed
         assert bool(e.mtp.plans) == draft_backend_sampling  # the chains ran in the graph
     assert got == want
 
@@ -203,7 +203,7 @@ def test_p_min_of_argmax_drafts_in_coupled_mode(models):
         with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, spec_type="draft-mtp",
                     spec=SpecConfig(n_max=3, p_min=0.5, draft_sampling=ds)) as e:
             out = e.generate_batch(prompts, max_tokens=40, ignore_eos=True, sampling=sp)
-            got[ds] = ([r.tokens for r in out], e.stats.n_drafted, e.stats.n_accepted)
+            got[ds] = ([r.tokens for r in out], out.stats.n_drafted, out.stats.n_accepted)
             if ds == "coupled":
                 assert e.drafter.n_coupled == 0 and e.drafter.n_argmax > 0  # argmax drafts
     assert got["coupled"] == got["greedy"] and got["greedy"][1] > 0, got
@@ -268,8 +268,9 @@ def test_coupled_draws_planned_on_the_host_are_reported(models, caplog):
     with force_unsupported("TOP_K"), caplog.at_level(logging.WARNING, "pyggspec.speculative"), \
             Engine(models["dense"], n_ctx=256, n_threads=2, spec_type="draft-mtp",
                    spec=SpecConfig(n_max=3), backend_sampling=True) as e:
-        got = e.generate([300, 301], max_tokens=20, ignore_eos=True, sampling=sp).tokens
-        assert not e.mtp.plans and e.stats.n_drafted > 0
+        r = e.generate([300, 301], max_tokens=20, ignore_eos=True, sampling=sp)
+        got = r.tokens
+        assert not e.mtp.plans and r.spec.n_drafted > 0
     assert got == want
     assert sum("coupled drafts of this chain are drawn on the host" in r.getMessage()
                for r in caplog.records) == 1

@@ -32,7 +32,7 @@ def _run(path, prompts, n_max: int, rollback: str, **kw):
                 spec_type="draft-mtp", spec=SpecConfig(n_max=n_max, rollback=rollback),
                 **kw) as e:
         res = e.generate_batch(prompts, max_tokens=240, ignore_eos=True)
-        return [r.tokens for r in res], _rebuilds(e), e.stats.n_steps
+        return [r.tokens for r in res], _rebuilds(e), res.stats.n_steps
 
 
 @pytest.mark.parametrize("arch,n_seq,rollback", [("dense", 1, "snapshot"),

@@ -43,7 +43,7 @@ def _run(e: Engine, prompts, n, sampling, p_min=0.0):
     if e.spec_type:
         e.drafter.p_min = p_min
     res = e.generate_batch(prompts, max_tokens=n, ignore_eos=True, sampling=sampling)
-    return [r.tokens for r in res]
+    return [r.tokens for r in res], res.stats
 
 
 def test_random_runs_identical(engines):
@@ -60,15 +60,14 @@ def test_random_runs_identical(engines):
         sampling = (SamplingParams(temp=0.0) if rng.random() < 0.5 else
                     SamplingParams(temp=0.9, top_k=20, top_p=0.9, min_p=0.0,
                                    seed=int(rng.integers(0, 2**31))))
-        ref = _run(engines[(arch, None, 0)], prompts, n, sampling)
+        ref, _ = _run(engines[(arch, None, 0)], prompts, n, sampling)
         snap_e = engines[(arch, "snapshot", n_max)]
         ck_e = engines[(arch, "checkpoint", n_max)]
-        snap = _run(snap_e, prompts, n, sampling, p_min)
-        ck = _run(ck_e, prompts, n, sampling, p_min)
+        snap, s = _run(snap_e, prompts, n, sampling, p_min)
+        ck, c = _run(ck_e, prompts, n, sampling, p_min)
         ctx = f"run {run}: {arch} n_max={n_max} seqs={n_seqs} p_min={p_min} {sampling}"
         assert snap == ref, ctx
         assert ck == ref, ctx
-        s, c = snap_e.stats, ck_e.stats
         assert (s.n_drafted, s.n_accepted) == (c.n_drafted, c.n_accepted), ctx
         if s.n_accepted < s.n_drafted:
             partial += 1

@@ -329,7 +329,7 @@ def test_unknown_route_and_method(http):
 
 
 def test_api_key_guards_everything_but_health(live):
-    app = create_app(live.state.scheduler, ServerConfig(model_id="k", api_key="sekret"),
+    app = create_app(live.state.engine, ServerConfig(model_id="k", api_key="sekret"),
                      manage_scheduler=False)
     with LiveServer(app) as srv, httpx.Client(base_url=srv.url, timeout=30) as h:
         assert h.get("/health").status_code == 200

@@ -44,7 +44,7 @@ def test_lossless_many_sequences(spec_dir, arch, rollback, n_max):
     with Engine(path, n_ctx=256, n_parallel=4, n_threads=2, spec_type="draft-mtp",
                 spec=cfg) as e:
         out = e.generate_batch(PROMPTS, max_tokens=30, ignore_eos=True)
-        stats = e.stats
+        stats = out.stats
         assert e.rollback == rollback
     assert [r.tokens for r in out] == ref
     assert stats.n_drafted > 0 and 0 < stats.n_accepted < stats.n_drafted
@@ -57,8 +57,8 @@ def test_snapshot_needs_fewer_target_evals_than_checkpoint(spec_dir):
     for rb in ("snapshot", "checkpoint"):
         with Engine(path, n_ctx=256, n_parallel=1, n_threads=2, spec_type="draft-mtp",
                     spec=SpecConfig(n_max=3, rollback=rb)) as e:
-            e.generate_batch([PROMPTS[0]], max_tokens=40, ignore_eos=True)
-            evals[rb] = e.stats.n_target_evals
+            g = e.generate_batch([PROMPTS[0]], max_tokens=40, ignore_eos=True)
+            evals[rb] = g.stats.n_target_evals
     assert evals["snapshot"] < evals["checkpoint"]
 
 
@@ -70,12 +70,12 @@ def test_p_min_and_n_min_limit_drafts(spec_dir):
         with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
                     spec=SpecConfig(n_max=4, p_min=p_min)) as e:
             out = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
-            drafted[p_min] = e.stats.n_drafted
+            drafted[p_min] = out.stats.n_drafted
             assert out[0].tokens == ref[0]
     with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=4, n_min=4)) as e:
         out2 = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
-        assert e.stats.n_drafted % 4 == 0  # every kept draft has exactly n_min=n_max tokens
+        assert out2.stats.n_drafted % 4 == 0  # every kept draft has exactly n_min=n_max tokens
     assert out2[0].tokens == ref[0]
     # p_min cuts drafts that the unconstrained run makes (same prompt, same model)
     assert 0 < drafted[0.9] < drafted[0.0]
@@ -85,8 +85,8 @@ def test_perfect_head_accepts_everything(spec_dir):
     path = agreement_model(spec_dir, "dense", 1.0)
     with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=3)) as e:
-        e.generate_batch(PROMPTS[:1], max_tokens=40, ignore_eos=True)
-        assert e.stats.acceptance == 1.0
+        g = e.generate_batch(PROMPTS[:1], max_tokens=40, ignore_eos=True)
+        assert g.stats.acceptance == 1.0
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
@@ -133,8 +133,9 @@ def test_greedy_lossless_grafted_and_separate(spec_dir, arch, layout, n_max, p_m
     ref = plain_outputs(trunk, PROMPTS[:2], 24)
     with Engine(trunk, mtp_path=md, n_ctx=256, n_parallel=2, n_threads=2,
                 spec_type="draft-mtp", spec=SpecConfig(n_max=n_max, p_min=p_min)) as e:
-        out = [r.tokens for r in e.generate_batch(PROMPTS[:2], max_tokens=24, ignore_eos=True)]
-        assert e.stats.n_accepted > 0
+        g = e.generate_batch(PROMPTS[:2], max_tokens=24, ignore_eos=True)
+        out = [r.tokens for r in g]
+        assert g.stats.n_accepted > 0
     assert out == ref
 
 
@@ -143,8 +144,8 @@ def test_acceptance_at_095_agreement(spec_dir):
     path = agreement_model(spec_dir, "dense", 0.95)
     with Engine(path, n_ctx=512, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=1)) as e:
-        e.generate_batch([PROMPTS[0]], max_tokens=200, ignore_eos=True)
-        assert e.stats.acceptance >= 0.9
+        g = e.generate_batch([PROMPTS[0]], max_tokens=200, ignore_eos=True)
+        assert g.stats.acceptance >= 0.9
 
 
 def test_parallel_sequences_equal_solo_runs(spec_dir):
@@ -162,8 +163,9 @@ def test_draft_vocab_is_lossless_and_exclusive_with_p_min(spec_dir):
     ref = plain_outputs(path, PROMPTS[:1], 24)
     with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=3, draft_vocab=512)) as e:
-        out = e.generate_batch(PROMPTS[:1], max_tokens=24, ignore_eos=True)[0].tokens
-        assert e.stats.n_drafted > 0
+        g = e.generate_batch(PROMPTS[:1], max_tokens=24, ignore_eos=True)
+        out = g[0].tokens
+        assert g.stats.n_drafted > 0
     assert out == ref[0]
     with pytest.raises(PyggspecError, match="p_min needs the full-vocabulary"):
         Engine(path, spec_type="draft-mtp", spec=SpecConfig(draft_vocab=512, p_min=0.5))
@@ -174,8 +176,9 @@ def test_state_after_rollback_equals_plain_decoding(spec_dir):
     path = agreement_model(spec_dir, "dense", 0.6)
     with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=3, rollback="snapshot")) as e:
-        out = e.generate_batch([PROMPTS[0]], max_tokens=25, ignore_eos=True)[0].tokens
-        assert 0 < e.stats.n_accepted < e.stats.n_drafted  # partial acceptance happened
+        g = e.generate_batch([PROMPTS[0]], max_tokens=25, ignore_eos=True)
+        out = g[0].tokens
+        assert 0 < g.stats.n_accepted < g.stats.n_drafted  # partial acceptance happened
         n = e.seq_len(0)
         spec_state = e.rs.snapshot(0)
         spec_k = {il: e.kv.k(il).read_bytes(0, n * e.kv.k(il).nb[1]) for il in e.kv.layers}
@@ -203,8 +206,9 @@ def test_separate_mtp_file_drafts_like_grafted(spec_dir):
     for model, md in ((grafted, None), (trunk, mtp)):
         with Engine(model, mtp_path=md, n_ctx=256, n_threads=2, spec_type="draft-mtp",
                     spec=SpecConfig(adaptive=False)) as e:  # timing-free draft lengths
-            outs.append(e.generate_batch([PROMPTS[1]], max_tokens=30, ignore_eos=True)[0].tokens)
-            stats.append((e.stats.n_drafted, e.stats.n_accepted))
+            g = e.generate_batch([PROMPTS[1]], max_tokens=30, ignore_eos=True)
+            outs.append(g[0].tokens)
+            stats.append((g.stats.n_drafted, g.stats.n_accepted))
     assert outs[0] == outs[1]
     assert stats[0] == stats[1]
 
@@ -258,10 +262,10 @@ def test_sampled_decoding_is_lossless(spec_dir, backend_sampling):
     for spec_type in (None, "draft-mtp"):
         with Engine(path, n_ctx=256, n_parallel=3, n_threads=2, spec_type=spec_type,
                     sampling=params, backend_sampling=backend_sampling) as e:
-            outs.append([r.tokens for r in e.generate_batch(PROMPTS[:3], max_tokens=40,
-                                                            ignore_eos=True)])
+            g = e.generate_batch(PROMPTS[:3], max_tokens=40, ignore_eos=True)
+            outs.append([r.tokens for r in g])
             if spec_type:
-                st = e.stats
+                st = g.stats
                 assert st.n_accepted > 0.3 * st.n_drafted
                 # some steps kept 2+ drafts: rows past the first were sampled and used
                 assert len(st.accepted_at) >= 2 and st.accepted_at[1] > 0
@@ -300,9 +304,9 @@ def test_spec_with_rpc_partial_offload_is_lossless(spec_dir, rpc_device):
                     spec=SpecConfig(rollback=rb)) as e:
             assert rpc_device.name in e.placement.layer_devices
             assert e.rollback == ("snapshot" if rb == "auto" else rb)
-            out = [r.tokens for r in e.generate_batch(PROMPTS[:2], max_tokens=20,
-                                                      ignore_eos=True)]
-            assert 0 < e.stats.n_accepted
+            g = e.generate_batch(PROMPTS[:2], max_tokens=20, ignore_eos=True)
+            out = [r.tokens for r in g]
+            assert 0 < g.stats.n_accepted
             assert e.memory()["weights"].get(rpc_device.name, 0) > 0
         assert out == ref
 

@@ -178,7 +178,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         if stream is not None:
             sys.stdout.write(detok.flush())
         memory = engine.memory()
-        stats = engine.stats.to_dict() if engine.spec_type else None
+        stats = results.stats.to_dict() if engine.spec_type else None
         if stats is not None:  # how the drafts of sampling chains were made
             d = engine.drafter
             stats["draft_sampling"] = {"mode": engine.spec.draft_sampling,

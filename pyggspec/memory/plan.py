@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from pyggspec.config import EngineConfig
 from pyggspec.modelfile import HParams, ggml_type
+from pyggspec.models.batch import padded_rows
 
 if TYPE_CHECKING:
     from pyggspec.compute import ComputePlan, GraphOptions
@@ -191,5 +192,5 @@ def plan_engine_memory(cfg: EngineConfig, hp: HParams, n_vocab: int, placement: 
 
 
 def _padded(t: int) -> int:
-    return t + 1 if t >= 3 and t % 2 else t
+    return padded_rows(t, 1)
 

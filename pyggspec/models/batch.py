@@ -7,9 +7,13 @@ batch the loop runs is a shape the compute buffers were sized for.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+
+K = TypeVar("K", bound=Hashable)
 
 
 def padded_rows(T: int, B: int) -> int:
@@ -22,6 +26,19 @@ def padded_rows(T: int, B: int) -> int:
     if T * B >= 3 and (T * B) % 2 == 1:
         return T + 1
     return T
+
+
+def chunk_group(left: Mapping[K, int], offset: Mapping[K, int], n_ubatch: int,
+                n_batch: int) -> tuple[int, list[K]]:
+    """The next ubatch of prompt chunks: (T, sequences) -- the sequences (in ``left``'s
+    order) sharing the smallest remaining count, T tokens each, at most ``n_ubatch``
+    tokens in all, never across a sequence's logical batch (-b) boundary (``offset``:
+    tokens it has evaluated since its logical batches began). The gated-delta-net graph
+    needs equal lengths; the one rule for the scheduler's prompts and ``Engine.decode``."""
+    T = min(min(left.values()), n_ubatch)
+    group = [k for k, n in left.items() if n >= T][: max(1, n_ubatch // T)]
+    T = min(T, *(n_batch - offset[k] % n_batch for k in group))
+    return T, group
 
 
 @dataclass

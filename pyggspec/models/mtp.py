@@ -309,17 +309,6 @@ class Mtp(GraphRunner):
         self.device_argmax = device_argmax
         self.draft_vocab = draft_vocab
         self.n_evals = 0
-        self.plans: dict[int, object] = {}  # coupled-draft sampling plans by id (0: none)
-        self._plan_ids: dict[object, int] = {}
-
-    def register_plan(self, plan) -> int:
-        """An id for a sampling plan of draft rows (one per chain structure and row count,
-        so graphs are built once)."""
-        pid = self._plan_ids.get(plan.key)
-        if pid is None:
-            pid = self._plan_ids[plan.key] = len(self.plans) + 1
-            self.plans[pid] = plan
-        return pid
 
     def run(self, mb: MtpBatch) -> MtpResult:
         B, T = mb.tokens.shape

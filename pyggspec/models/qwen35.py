@@ -177,8 +177,6 @@ class Target(GraphRunner):
         self.weights = weights
         self.kv = kv
         self.rs = rs
-        self.plans: dict[int, object] = {}  # sampling plans by id (id 0 = none)
-        self._plan_ids: dict[object, int] = {}  # plan.key -> id
         self._plan_users: dict[int, tuple[object, Callable[[Exception], None]]] = {}
 
     def register_plan(self, plan, stats, on_fail: Callable[[Exception], None]) -> int:
@@ -189,11 +187,7 @@ class Target(GraphRunner):
         steps from now on; ``on_fail(exc)`` is told when the plan's device part fails
         (the step is then redone with logits, which come back instead of ids).
         """
-        pid = self._plan_ids.get(plan.key)
-        if pid is None:
-            pid = len(self.plans) + 1
-            self.plans[pid] = plan
-            self._plan_ids[plan.key] = pid
+        pid = super().register_plan(plan)
         self._plan_users[pid] = (stats, on_fail)
         return pid
 

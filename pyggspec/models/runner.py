@@ -73,6 +73,8 @@ class GraphRunner:
         self._step_scheds: OrderedDict[Hashable, Scheduler] = OrderedDict()
         self._sched_keys: dict[Hashable, Hashable] = {}  # shape -> shape without its window
         self.step_rows = 1  # rows per sequence of the largest step graph (engine sets it)
+        self.plans: dict[int, object] = {}  # sampling plans by id (id 0 = none)
+        self._plan_ids: dict[object, int] = {}  # plan.key -> id
         self.n_builds = 0  # graphs built, first builds and rebuilds alike
         self.n_rebuilds = 0  # builds of a shape built before (a cache eviction or a switch)
         self._built: set[Hashable] = set()
@@ -81,6 +83,17 @@ class GraphRunner:
         self.compute_ms_total = 0.0  # device time of all steps (graph compute)
         self.build_ms_total = 0.0  # graph builds and (re)allocations
 
+
+    def register_plan(self, plan) -> int:
+        """An id for a sampling plan whose device part graphs of this runner append (a
+        ``UBatch.sampling`` / ``MtpBatch.sampling`` value). Plans with equal ``plan.key``
+        (chain structure, device, rows) share one id, so graphs are built once, not per
+        generation."""
+        pid = self._plan_ids.get(plan.key)
+        if pid is None:
+            pid = self._plan_ids[plan.key] = len(self.plans) + 1
+            self.plans[pid] = plan
+        return pid
     def sched_for(self, shape: Hashable) -> Scheduler:
         """The scheduler that runs ``shape``'s graph (see the class docstring)."""
         if not self.sched.multi_backend or shape.n_seq_tokens > self.step_rows:  # type: ignore[attr-defined]

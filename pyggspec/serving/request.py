@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import statistics
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -111,7 +112,13 @@ class RequestTimings:
     draft_n_accepted: int = 0
     python_ms: list[float] = field(default_factory=list)  # host share of each decode step
 
-    def to_dict(self) -> dict[str, Any]:
+    @property
+    def python_ms_per_step(self) -> float:
+        """Median host (Python) share of a decode step."""
+        return float(statistics.median(self.python_ms)) if self.python_ms else 0.0
+
+    def to_dict(self, host: bool = False) -> dict[str, Any]:
+        """llama-server's ``timings`` object (``host``: plus ``python_ms_per_step``)."""
         def per_s(n: int, ms: float) -> float:
             return n / (ms / 1000) if ms > 0 else 0.0
 
@@ -125,6 +132,8 @@ class RequestTimings:
         if self.draft_n:
             d["draft_n"] = self.draft_n
             d["draft_n_accepted"] = self.draft_n_accepted
+        if host:
+            d["python_ms_per_step"] = self.python_ms_per_step
         return d
 
 
@@ -152,14 +161,31 @@ class Result:
     def n_prompt(self) -> int:
         return len(self.prompt_tokens)
 
+    @property
+    def cache_n(self) -> int:
+        """Prompt tokens reused from the slot's cache."""
+        return self.timings.cache_n
+
     def to_dict(self) -> dict[str, Any]:
         d = {"id": self.id, "text": self.text, "tokens": list(self.tokens),
              "n_prompt": self.n_prompt, "n_gen": len(self.tokens),
              "stop_reason": self.stop_reason, "stop_word": self.stop_word, "slot": self.slot,
-             "timings": self.timings.to_dict()}
+             "cache_n": self.cache_n, "timings": self.timings.to_dict(host=True)}
         if self.spec is not None:
             d["spec"] = self.spec.to_dict()
         return d
+
+
+class Generation(list):
+    """The :class:`Result` objects of one ``Engine.generate_batch`` call, in prompt order,
+    with the call's totals: ``timings`` (prompt tokens and time of the batch, generated
+    tokens over the wall time after the prompts) and ``stats`` (the speculation counts of
+    its requests summed)."""
+
+    def __init__(self, results: Sequence[Result], timings: RequestTimings, stats: Any) -> None:
+        super().__init__(results)
+        self.timings = timings
+        self.stats = stats
 
 
 _ids = itertools.count()

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from pyggspec.errors import PyggspecError
+from pyggspec.models.batch import chunk_group
 from pyggspec.sampling.params import SamplingParams
 from pyggspec.serving.prefix_cache import common_prefix
 from pyggspec.serving.request import (
@@ -147,7 +148,6 @@ class Scheduler:
         self._waiting: deque[RequestHandle] = deque()
         self._active: dict[int, Sequence] = {}  # slot -> its sequence
         self._slot_info = [_SlotInfo() for _ in range(limits.n_parallel)]
-        self.samplers = worker.samplers
         self.stats = SpecStats()  # every speculative step since start
         self.last_python_ms = 0.0  # host share of the last decode/verify step
         self._t0 = time.monotonic()
@@ -418,10 +418,9 @@ class Scheduler:
         batch = Batch()
         pre = [s for s in self._active.values() if s.status is SeqStatus.PREFILL]
         if pre:
-            left = {s.slot: len(s.prompt) - s.n_done for s in pre}
-            T = min(min(left.values()), lim.n_ubatch)
-            group = [s for s in pre if left[s.slot] >= T][: max(1, lim.n_ubatch // T)]
-            T = min(T, *(lim.n_batch - (s.n_done - s.n_cached) % lim.n_batch for s in group))
+            T, group = chunk_group({s: len(s.prompt) - s.n_done for s in pre},
+                                   {s: s.n_done - s.n_cached for s in pre}, lim.n_ubatch,
+                                   lim.n_batch)
             now = time.perf_counter()
             for s in group:
                 last = s.n_done + T == len(s.prompt)

@@ -24,7 +24,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pyggspec.serving.http import completions, routes
 from pyggspec.serving.http.protocol import ApiError
 from pyggspec.serving.http.state import ServerConfig, ServerState
-from pyggspec.serving.scheduler import Scheduler
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.engine import Engine
@@ -34,23 +33,23 @@ log = logging.getLogger("pyggspec.serve")
 PUBLIC_PATHS = frozenset({"/health", "/v1/health"})
 
 
-def create_app(target: Engine | Scheduler, config: ServerConfig | None = None, *,
+def create_app(engine: Engine, config: ServerConfig | None = None, *,
                max_queue: int | None = None, manage_scheduler: bool = True) -> FastAPI:
-    """The ASGI app over an :class:`~pyggspec.engine.Engine` or its
-    :class:`~pyggspec.serving.scheduler.Scheduler`.
+    """The ASGI app over an :class:`~pyggspec.engine.Engine` (requests go through its
+    :class:`~pyggspec.serving.scheduler.Scheduler`, whose thread owns the engine).
 
     ``manage_scheduler``: start the scheduler's thread when the app starts and stop it
     (draining) when the app shuts down. ``max_queue`` sets the scheduler's waiting-queue
     limit (``--max-queue``; more requests get HTTP 503).
     """
-    scheduler = _scheduler_of(target)
+    scheduler = engine.scheduler
     if max_queue is not None:
         scheduler.max_queue = max_queue
     if config is None:
-        path = Path(scheduler.engine.model.trunk.path)
+        path = Path(engine.model_path)
         config = ServerConfig(model_id=path.name, model_path=str(path),
-                              sampling=scheduler.engine.sampling)
-    state = ServerState(scheduler, config)
+                              sampling=engine.sampling)
+    state = ServerState(engine, config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -73,11 +72,6 @@ def create_app(target: Engine | Scheduler, config: ServerConfig | None = None, *
     routes.install(app, state)
     completions.install(app, state)
     return app
-
-
-def _scheduler_of(target: Any) -> Scheduler:
-    """The scheduler to serve: the one given, or the engine's own (one per engine)."""
-    return target if isinstance(target, Scheduler) else target.scheduler
 
 
 def error_response(e: ApiError) -> JSONResponse:

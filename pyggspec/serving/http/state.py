@@ -51,9 +51,9 @@ class ServerConfig:
 class ServerState:
     """Everything the handlers share: scheduler, engine, tokenizer, template, counters."""
 
-    def __init__(self, scheduler: Any, config: ServerConfig) -> None:
-        self.scheduler = scheduler
-        self.engine = scheduler.engine
+    def __init__(self, engine: Any, config: ServerConfig) -> None:
+        self.engine = engine
+        self.scheduler = engine.scheduler
         self.config = config
         self.tokenizer = self.engine.tokenizer
         if self.tokenizer is None:
