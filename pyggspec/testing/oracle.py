@@ -46,9 +46,9 @@ def _init_once() -> None:
         return
     # pyggspec's binding first: it sets ggml's switches for known-broken devices
     # (pyggspec/ggml/quirks.py) before llama.cpp can initialise one
-    from pyggspec.ggml import _lib as _binding
+    from pyggspec.ggml import binding
 
-    _binding.native()
+    binding.load()
     ll = _lib()
     ll.llama_backend_init()
     if os.environ.get("PYGGSPEC_ORACLE_LOG") != "1":
