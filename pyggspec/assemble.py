@@ -19,7 +19,7 @@ from pyggspec.compute import reserve_compute
 from pyggspec.config import EngineConfig
 from pyggspec.errors import PyggspecError
 from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
-from pyggspec.ggml.sched import Scheduler
+from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.memory import KVCache, RecurrentState, SlotMemory
 from pyggspec.memory.plan import planned_n_ctx
 from pyggspec.modelfile import open_model
@@ -60,8 +60,8 @@ class Parts:
     rs: RecurrentState | None = None
     mtp_kv: KVCache | None = None
     backends: list[Backend] = field(default_factory=list)
-    sched: Scheduler | None = None
-    mtp_sched: Scheduler | None = None
+    sched: BackendScheduler | None = None
+    mtp_sched: BackendScheduler | None = None
     memory_plan: Any = None
     compute: Any = None
     step_rows: int = 0
@@ -135,12 +135,12 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
             p.backends.append(get_device(name).open())
         p.backends.append(cpu_device().open(cfg.threads))
         p.closers.extend(p.backends)
-        p.sched = Scheduler(p.backends)
+        p.sched = BackendScheduler(p.backends)
         p.closers.append(p.sched)
         # the MTP head runs on its own scheduler (target and draft graphs never evict
         # each other's allocation)
         if cfg.speculative:
-            p.mtp_sched = Scheduler(p.backends)
+            p.mtp_sched = BackendScheduler(p.backends)
             p.closers.append(p.mtp_sched)
         p.memory_plan = plan_memory(p)
         _check_fit(p)

@@ -46,7 +46,7 @@ from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.device import Backend, Device, cpu_device, get_device
 from pyggspec.ggml.dtypes import GGMLType
-from pyggspec.ggml.sched import Scheduler
+from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.ggml.tensor import Tensor
 from pyggspec.modelfile import HParams
 from pyggspec.models.batch import padded_rows
@@ -333,7 +333,7 @@ def _unique(graphs: list[tuple[object, SamplingPlan | None]]) -> list:
     return list(seen.values())
 
 
-def _size_all(graphs: list, sched: Scheduler, build) -> list:
+def _size_all(graphs: list, sched: BackendScheduler, build) -> list:
     """ggml's size of each (shape, sampling plan) graph. A sampled graph that cannot be
     built or sized is left out: the step that would use it falls back to host sampling
     (logged there), so the engine still starts."""
@@ -358,7 +358,7 @@ def _size_all(graphs: list, sched: Scheduler, build) -> list:
 
 
 def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mapping[int, Device],
-                 target_sched: Scheduler, mtp_sched: Scheduler | None = None,
+                 target_sched: BackendScheduler, mtp_sched: BackendScheduler | None = None,
                  mtp_hp: HParams | None = None, mtp_device: Device | None = None,
                  sampling: SamplingSizing | None = None) -> ComputePlan:
     """Build every worst-case graph over ``weights`` (real or :class:`WeightShapes`) and
@@ -453,16 +453,16 @@ def predict_compute(model, opts: GraphOptions, placement, mtp_placement=None,
     hp = model.trunk.hparams
     weights = WeightShapes(model, placement, mtp_placement)
     backends: list[Backend] = []
-    scheds: list[Scheduler] = []
+    scheds: list[BackendScheduler] = []
     try:
         used = {placement.output_device, *placement.layer_devices[: hp.n_layer]}
         for name in sorted(used - {"CPU"}):
             backends.append(get_device(name).open())
         backends.append(cpu_device().open(n_threads))
-        scheds.append(Scheduler(backends))
+        scheds.append(BackendScheduler(backends))
         mtp_sched = mtp_dev = mtp_hp = None
         if opts.spec:
-            scheds.append(Scheduler(backends))
+            scheds.append(BackendScheduler(backends))
             mtp_sched = scheds[-1]
             mtp_dev = weights.device_of(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
             mtp_hp = model.mtp_file.hparams if model.mtp_file is not None else None

@@ -163,7 +163,7 @@ class Engine:
 
     # --- sequences --------------------------------------------------------------------
     def seq_len(self, seq_id: int = 0) -> int:
-        self.worker._check_slot(seq_id)
+        self.worker.check_slot(seq_id)
         return self.worker.memory.length(seq_id)
 
     def clear(self, seq_id: int) -> None:

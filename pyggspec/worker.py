@@ -309,14 +309,14 @@ class Worker:
         self.memory.save_checkpoint(slot, carry, keep)
 
     def clear(self, slot: int) -> None:
-        self._check_slot(slot)
+        self.check_slot(slot)
         self.memory.clear(slot)
         if self.drafter is not None:
             self.drafter.forget(slot)
 
     def copy(self, src: int, dst: int) -> None:
-        self._check_slot(src)
-        self._check_slot(dst)
+        self.check_slot(src)
+        self.check_slot(dst)
         self.memory.copy(src, dst)
         if self.drafter is not None:
             c = self.drafter.carry.get(src)
@@ -325,7 +325,8 @@ class Worker:
             else:
                 self.drafter.carry[dst] = c
 
-    def _check_slot(self, slot: int) -> None:
+    def check_slot(self, slot: int) -> None:
+        """A one-line error for a sequence id that is not a slot."""
         if not 0 <= slot < self.n_parallel:
             raise PyggspecError(None, f"sequence id {slot} outside 0..{self.n_parallel - 1}")
 
@@ -350,7 +351,7 @@ class Worker:
         mem = self.memory
         pending: dict[int, np.ndarray] = {}
         for seq, toks in batch.items():
-            self._check_slot(seq)
+            self.check_slot(seq)
             arr = np.asarray(toks, dtype=np.int32).reshape(-1)
             if arr.size == 0:
                 continue
@@ -396,7 +397,7 @@ class Worker:
     def step(self, slot: int, token: int) -> np.ndarray:
         """Decode one token for one sequence and return its logits row (a copy); the host
         arrays of the ubatch are kept per sequence."""
-        self._check_slot(slot)
+        self.check_slot(slot)
         if not 0 <= token < self.n_vocab:
             raise PyggspecError(None, f"sequence {slot}: token id {token} out of range 0.."
                                 f"{self.n_vocab - 1}")

@@ -55,7 +55,7 @@ def bench_one(backends, dev, params, V, n_seq, steps, device_sampling: bool) -> 
     stats = SamplingStats()
     plan = plan_chain(params, dev, V, R, device_sampling, stats=stats)
     handle = DeviceSampling.build(ctx, graph, out, plan, 1, stats=stats)
-    s = sched.Scheduler(backends, graph_size=512)
+    s = sched.BackendScheduler(backends, graph_size=512)
     chains = [SamplerChain(params, V) for _ in range(n_seq)]
     for c in chains:
         c.accept_prompt(rng.integers(0, V, 64).tolist())

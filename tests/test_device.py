@@ -230,7 +230,7 @@ def test_a_weight_the_device_cannot_hold_is_an_error_not_an_abort(accel_device):
     x = ctx.input(GGMLType.F32, (n,), "x")
     graph = sched.Graph(ctx, [ctx.mul(x, w)], size=16)
     with accel_device.open() as dev, cpu_device().open(1) as cpu:
-        s = sched.Scheduler([dev, cpu], graph_size=16)
+        s = sched.BackendScheduler([dev, cpu], graph_size=16)
         with pytest.raises(DeviceError, match="big.weight"):
             s.alloc(graph)
         s.close()

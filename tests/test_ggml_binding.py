@@ -28,7 +28,7 @@ def run_graph(cpu, build, inputs: dict[str, np.ndarray], n_tensors: int = 64):
         ins[name] = t
     outs = build(ctx, ins)
     graph = sched.Graph(ctx, outs, size=256)
-    s = sched.Scheduler([cpu], graph_size=256)
+    s = sched.BackendScheduler([cpu], graph_size=256)
     s.alloc(graph)
     for name, arr in inputs.items():
         ins[name].set(arr)

@@ -38,7 +38,7 @@ class Harness:
         self.graph.expand(logits)
         self.handle = DeviceSampling.build(self.ctx, self.graph, logits, plan, rows_per_seq,
                                            stats=stats)
-        self.sched = sched.Scheduler(backends, graph_size=512)
+        self.sched = sched.BackendScheduler(backends, graph_size=512)
         self.plan = plan
 
     def step(self, logits: np.ndarray, rows) -> np.ndarray:
@@ -434,7 +434,7 @@ def test_raw_ggml_argmax_tie_rule_is_not_ours(cpu):
     x = ctx.input("f32", (8, 1), "x")
     am = ctx.argmax(x).set_output()
     g = sched.Graph(ctx, [am], 16)
-    s = sched.Scheduler([cpu], graph_size=16)
+    s = sched.BackendScheduler([cpu], graph_size=16)
     try:
         s.alloc(g)
         x.set(np.array([[0, 2, 1, 2, 0, 0, 2, 0]], dtype=np.float32))

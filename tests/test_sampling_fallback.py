@@ -13,7 +13,7 @@ from pyggspec.cli import main
 from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.errors import DeviceError
-from pyggspec.ggml.sched import Scheduler
+from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.sampling import DeviceSampling, SamplingParams
 from pyggspec.testing import cached_model, tiny_dense
 
@@ -156,7 +156,7 @@ def test_sampled_reference_really_samples(model):
 def test_failed_compute_is_not_redone(model, monkeypatch):
     """A failed graph compute may have advanced the recurrent state: it raises instead of
     being redone (the fallback covers build, allocation, inputs and outputs)."""
-    compute, set_inputs = Scheduler.compute, DeviceSampling.set_inputs
+    compute, set_inputs = BackendScheduler.compute, DeviceSampling.set_inputs
     armed = []
 
     def arm(self, rows):
@@ -169,7 +169,7 @@ def test_failed_compute_is_not_redone(model, monkeypatch):
         return compute(self, graph)
 
     monkeypatch.setattr(DeviceSampling, "set_inputs", arm)
-    monkeypatch.setattr(Scheduler, "compute", failing_compute)
+    monkeypatch.setattr(BackendScheduler, "compute", failing_compute)
     with _engine(model, False, PARAMS["greedy"], True) as e, \
             pytest.raises(DeviceError, match="injected compute failure"):
         e.generate_batch(PROMPTS, 4, ignore_eos=True)

@@ -45,7 +45,7 @@ def graph_noise(backend, n_vocab: int, key: int, counters: list[int]) -> np.ndar
     out.set_output()
     graph = sched.Graph(ctx, [], 1024)
     graph.expand(out)
-    s = sched.Scheduler([backend], graph_size=1024)
+    s = sched.BackendScheduler([backend], graph_size=1024)
     try:
         s.alloc(graph)
         arrays = N.key_inputs([N.row_keys(key, c, N.Grid.for_vocab(n_vocab)) for c in counters])

@@ -172,7 +172,7 @@ def _device_pick(stages: tuple[S.Stage, ...], x: np.ndarray, chain: SamplerChain
     logits = ctx.scale(leaf, 1.0)
     graph.expand(logits)
     h = DeviceSampling.build(ctx, graph, logits, plan)
-    sc = sched.Scheduler([be], graph_size=512)
+    sc = sched.BackendScheduler([be], graph_size=512)
     try:
         sc.alloc(graph)
         leaf.set(x[None].astype(np.float32))

@@ -108,7 +108,7 @@ class Device:
         return DeviceInfo(self.name, self.description, self.type, free, total, self.backend_name)
 
     def buffer_type(self):
-        """The device's default buffer type (raw cffi pointer, for Buffer/Scheduler)."""
+        """The device's default buffer type (raw cffi pointer, for Buffer/BackendScheduler)."""
         return _lib.lib.ggml_backend_dev_buffer_type(self.ptr)
 
     def supports_op(self, tensor) -> bool:

@@ -1,7 +1,7 @@
 """Compute graphs and the multi-device scheduler.
 
 A :class:`Graph` is built once per shape and kept (see :class:`GraphCache`); running it
-again only needs its inputs written. The :class:`Scheduler` wraps ``ggml_backend_sched``,
+again only needs its inputs written. The :class:`BackendScheduler` wraps ``ggml_backend_sched``,
 which splits a graph over devices and copies tensors between them.
 """
 
@@ -44,7 +44,7 @@ class Graph:
 
     def __init__(self, ctx: Context, outputs: Iterable[Tensor], size: int) -> None:
         self.ctx = ctx
-        self.probed = False  # op support checked against the devices (Scheduler._probe)
+        self.probed = False  # op support checked against the devices (BackendScheduler._probe)
         ptr = _lib.lib.ggml_new_graph_custom(ctx.ptr, size, False)
         if ptr == _lib.ffi.NULL:
             raise GraphError("could not create graph (context too small)")
@@ -69,7 +69,7 @@ class Graph:
                 for i in range(self.n_nodes)]
 
 
-class Scheduler:
+class BackendScheduler:
     """Owns a ``ggml_backend_sched`` over backends (CPU must be last, ggml requires it)."""
 
     def __init__(self, backends: list[Backend], graph_size: int = 8192,
@@ -87,7 +87,7 @@ class Scheduler:
         self.graph_size = graph_size
         self.op_offload = op_offload
         self._allocated: Graph | None = None
-        self._children: weakref.WeakSet[Scheduler] = weakref.WeakSet()
+        self._children: weakref.WeakSet[BackendScheduler] = weakref.WeakSet()
         # (device, op) -> first node seen; shared with spawned schedulers
         self.fallbacks: dict[tuple[str, str], Fallback] = {}
         self._finalizer = weakref.finalize(self, lib.ggml_backend_sched_free, ptr)
@@ -98,10 +98,10 @@ class Scheduler:
         self._allocated = None
         self._finalizer()
 
-    def spawn(self) -> Scheduler:
+    def spawn(self) -> BackendScheduler:
         """A scheduler over the same backends with buffers of its own (for a graph that
         must stay allocated), counted in :meth:`spawned_buffer_sizes`."""
-        child = Scheduler(self.backends, self.graph_size, self.op_offload)
+        child = BackendScheduler(self.backends, self.graph_size, self.op_offload)
         child.fallbacks = self.fallbacks
         self._children.add(child)
         return child

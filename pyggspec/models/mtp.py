@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pyggspec.ggml.context import Context
-from pyggspec.ggml.sched import Graph, Scheduler
+from pyggspec.ggml.sched import BackendScheduler, Graph
 from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache
 from pyggspec.modelfile import HParams
@@ -300,7 +300,7 @@ class Mtp(GraphRunner):
     """Runs MTP batches on its own scheduler (so target and draft graphs never evict each
     other's allocation), with graphs reused by shape."""
 
-    def __init__(self, hp: HParams, weights: MtpWeights, kv: KVCache, sched: Scheduler,
+    def __init__(self, hp: HParams, weights: MtpWeights, kv: KVCache, sched: BackendScheduler,
                  device_argmax: bool = True, cache_size: int = 24, draft_vocab: int = 0) -> None:
         super().__init__(sched, cache_size)
         self.hp = hp

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pyggspec.ggml.context import Context
-from pyggspec.ggml.sched import Graph, Scheduler
+from pyggspec.ggml.sched import BackendScheduler, Graph
 from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import HParams
@@ -171,7 +171,7 @@ class Target(GraphRunner):
     """Runs trunk ubatches on a scheduler, reusing graphs by shape."""
 
     def __init__(self, hp: HParams, weights, kv: KVCache, rs: RecurrentState,
-                 sched: Scheduler, cache_size: int = 24) -> None:
+                 sched: BackendScheduler, cache_size: int = 24) -> None:
         super().__init__(sched, cache_size)
         self.hp = hp
         self.weights = weights

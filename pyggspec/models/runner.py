@@ -9,7 +9,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from pyggspec.ggml.sched import GraphCache, Scheduler
+from pyggspec.ggml.sched import BackendScheduler, GraphCache
 
 STEP_SCHEDS = 6  # per runner: step shapes that keep their own scheduler at once
 PROMPT_GRAPHS = 6  # per runner: cached graphs of prompt-chunk shapes (> step_rows rows)
@@ -67,10 +67,10 @@ class GraphRunner:
     graphs share the main scheduler, whose buffers are reserved at startup.
     """
 
-    def __init__(self, sched: Scheduler, cache_size: int) -> None:
+    def __init__(self, sched: BackendScheduler, cache_size: int) -> None:
         self.sched = sched
         self.graphs = StepPromptCache(self, cache_size, PROMPT_GRAPHS)
-        self._step_scheds: OrderedDict[Hashable, Scheduler] = OrderedDict()
+        self._step_scheds: OrderedDict[Hashable, BackendScheduler] = OrderedDict()
         self._sched_keys: dict[Hashable, Hashable] = {}  # shape -> shape without its window
         self.step_rows = 1  # rows per sequence of the largest step graph (engine sets it)
         self.plans: dict[int, object] = {}  # sampling plans by id (id 0 = none)
@@ -94,7 +94,7 @@ class GraphRunner:
             pid = self._plan_ids[plan.key] = len(self.plans) + 1
             self.plans[pid] = plan
         return pid
-    def sched_for(self, shape: Hashable) -> Scheduler:
+    def sched_for(self, shape: Hashable) -> BackendScheduler:
         """The scheduler that runs ``shape``'s graph (see the class docstring)."""
         if not self.sched.multi_backend or shape.n_seq_tokens > self.step_rows:  # type: ignore[attr-defined]
             return self.sched
