@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
-from pyggspec.serving.chat import CHATML, ChatTemplate
-from pyggspec.serving.model_info import ftype_name
+from pyggspec.serving.http.chat import CHATML, ChatTemplate
+from pyggspec.serving.http.model_info import ftype_name
+from pyggspec.serving.http.template_caps import probe_caps
 from pyggspec.serving.server import ServerConfig, create_app
-from pyggspec.serving.template_caps import probe_caps
 from pyggspec.testing import cached_model, tiny_dense
 
 N_CTX = 256

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from pyggspec.sampling import SamplingParams
-from pyggspec.serving.chat import CHATML, ChatTemplate
-from pyggspec.serving.metrics import ServeMetrics, render
-from pyggspec.serving.protocol import (
+from pyggspec.serving.http.chat import CHATML, ChatTemplate
+from pyggspec.serving.http.metrics import ServeMetrics, render
+from pyggspec.serving.http.protocol import (
     ApiError,
     parse_body,
     parse_gen,
