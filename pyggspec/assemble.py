@@ -21,7 +21,7 @@ from pyggspec.errors import PyggspecError
 from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
 from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.memory import KVCache, RecurrentState, SlotMemory
-from pyggspec.memory.plan import planned_n_ctx
+from pyggspec.memory.plan import graph_options, planned_n_ctx
 from pyggspec.modelfile import open_model
 from pyggspec.models.batch import padded_rows
 from pyggspec.models.qwen35 import Target
@@ -122,7 +122,7 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         if cfg.speculative and spec.draft_head:
             _add_draft_head(p, spec.draft_head)
         # verify/draft batches may run n_max + 2 positions past the committed ones
-        kv_cells = p.n_ctx + (spec.n_max + 2 if cfg.speculative else 0)
+        kv_cells = graph_options(cfg, hp, None).kv_cells
         layer_dev = {il: get_device(p.placement.layer_devices[il]) for il in range(hp.n_layer)}
         attn = {il: d for il, d in layer_dev.items() if not hp.is_recurrent(il)}
         recr = {il: d for il, d in layer_dev.items() if hp.is_recurrent(il)}
@@ -144,11 +144,8 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
             p.closers.append(p.mtp_sched)
         p.memory_plan = plan_memory(p)
         _check_fit(p)
-        planes = 1
-        if p.rollback == "snapshot":
-            planes = spec.n_max + 3  # current + one per verify row (padding included)
-        elif p.rollback == "checkpoint":
-            planes = 2
+        # current + one per verify row (snapshots, padding included) or one checkpoint
+        planes = graph_options(cfg, hp, p.rollback).planes
         p.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, cfg.n_parallel, planes)
         p.closers.append(p.rs)
         p.target = Target(hp, p.weights, p.kv, p.rs, p.sched)
@@ -177,7 +174,7 @@ def plan_memory(p: Parts):
     graphs on this engine's schedulers (reserved for real once the states exist, so the
     engine's ``memory()`` reports the same numbers)."""
     from pyggspec.compute import sampling_sizing, size_compute
-    from pyggspec.memory.plan import coupled_drafts, graph_options, plan_engine_memory
+    from pyggspec.memory.plan import coupled_drafts, plan_engine_memory
 
     cfg, hp = p.cfg, p.hp
     mtp_dev = mtp_hp = None

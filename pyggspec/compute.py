@@ -11,7 +11,9 @@ scheduler picks a leaf's backend from ``tensor->buffer``, and the allocator leav
 tensor that has a buffer alone. ``ggml_backend_sched_reserve_size`` then lays out the
 compute buffer of each graph without allocating it.
 
-The graph kinds (what :mod:`pyggspec.engine` and :mod:`pyggspec.speculative.loop` run):
+The graph kinds (what :class:`~pyggspec.worker.Worker` and the drafter run; their row counts
+come from :mod:`pyggspec.models.batch`'s ``padded_rows`` / ``catch_up_rows``, the functions
+those batches are built with):
 
 * target prefill: ``n_ubatch`` tokens as B sequences x ``n_ubatch // B`` tokens, one logits
   row per sequence (hidden rows kept for MTP), for every B up to ``n_parallel``;
@@ -49,7 +51,7 @@ from pyggspec.ggml.dtypes import GGMLType
 from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.ggml.tensor import Tensor
 from pyggspec.modelfile import HParams
-from pyggspec.models.batch import padded_rows
+from pyggspec.models.batch import catch_up_rows, padded_rows
 from pyggspec.models.mtp import MtpGraph, MtpShape, MtpWeights
 from pyggspec.models.qwen35 import TargetGraph, UBatchShape
 from pyggspec.models.runner import STEP_SCHEDS
@@ -58,7 +60,6 @@ from pyggspec.sampling.params import SamplingParams, graph_sampling
 
 log = logging.getLogger("pyggspec.compute")
 
-MTP_NO_PAD_ROWS = 64  # the drafter pads catch-up batches shorter than this (draft_mtp.py)
 
 
 @dataclass(frozen=True)
@@ -122,9 +123,7 @@ class GraphOptions:
         n, cells = self.n_parallel, self.kv_cells
         # catch-up after a verify: the accepted drafts + the new token, padded
         catch_up = max(padded_rows(self.spec_n_max + 1, B) for B in range(1, n + 1))
-        T = min(self.n_ubatch, self.n_ctx)  # prompt warm-up chunk per sequence
-        if T < MTP_NO_PAD_ROWS:
-            T = padded_rows(T, n)
+        T = catch_up_rows(min(self.n_ubatch, self.n_ctx), n)  # prompt warm-up chunk
         return [MtpShape(max(T, catch_up), n, cells, n, self.device_argmax, self.draft_vocab)]
 
 

@@ -28,6 +28,15 @@ def padded_rows(T: int, B: int) -> int:
     return T
 
 
+MTP_NO_PAD_ROWS = 64  # MTP catch-up batches this long (prompt warm-up) are not padded
+
+
+def catch_up_rows(T: int, B: int) -> int:
+    """Rows per sequence of an MTP catch-up batch (new pairs + the first draft) whose
+    longest sequence needs T: padded like a verify batch, except prompt-sized ones."""
+    return padded_rows(T, B) if T < MTP_NO_PAD_ROWS else T
+
+
 def chunk_group(left: Mapping[K, int], offset: Mapping[K, int], n_ubatch: int,
                 n_batch: int) -> tuple[int, list[K]]:
     """The next ubatch of prompt chunks: (T, sequences) -- the sequences (in ``left``'s

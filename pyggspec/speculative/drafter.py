@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyggspec.models.batch import padded_rows
+from pyggspec.models.batch import catch_up_rows
 from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult, argmax_probability
 from pyggspec.sampling import RowInput, SamplerChain, plan_chain, sample_host
 from pyggspec.sampling.chain import chain_probability
@@ -245,9 +245,7 @@ class MtpDrafter:
             return out
         # 1. catch-up + first draft, one batch; shorter requests padded at their end
         B = len(reqs)
-        T = max(len(r.tokens) for r in reqs)
-        if T < 64:  # prompt warm-up chunks are large: no need to pad those
-            T = padded_rows(T, B)
+        T = catch_up_rows(max(len(r.tokens) for r in reqs), B)
         tokens = np.zeros((B, T), np.int32)
         hidden = np.zeros((B, T, self.n_embd), np.float32)
         for b, r in enumerate(reqs):
