@@ -177,12 +177,23 @@ def test_ggml_log_callback_survives(paths):
 
 
 def test_load_ignores_a_dead_rpc_device(paths):
-    """A vocab-only load must not probe devices (llama.cpp aborts on a dead RPC server)."""
+    """A vocab-only load must not probe devices (llama.cpp aborts on a dead RPC server).
+
+    In a child process: ggml keeps the dead server's device registered for the life of the
+    process, and any later test there that lists devices would abort."""
     from pyggspec.ggml import device
 
     if not device.has_rpc():
         pytest.skip("llama-cpp-python built without RPC")
-    with device.RpcServer() as server:
-        device.add_rpc_server(server.endpoint)
-    with Tokenizer(paths["full"]) as t:  # the server is gone, its device still registered
-        assert t.tokenize("hi", add_special=False)
+    code = (
+        "from pyggspec.ggml import device\n"
+        "from pyggspec.tokenizer import Tokenizer\n"
+        "with device.RpcServer() as server:\n"
+        "    device.add_rpc_server(server.endpoint)\n"
+        "# the server is gone, its device still registered\n"
+        f"with Tokenizer({str(paths['full'])!r}) as t:\n"
+        "    assert t.tokenize('hi', add_special=False)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
