@@ -2,16 +2,20 @@
 sampler chains; ``run(batch) -> StepOutput`` evaluates one scheduled step.
 
 It returns what the target chose and never decides that a sequence is finished (the
-scheduler's update does). One speculative step, as small functions with plain inputs::
+scheduler's update does). One speculative step (:meth:`Worker._speculative`), as small
+functions with plain inputs and outputs::
 
-    drafts = self._draft(items)                    # MTP: owed pairs + drafts, one batch
-    ub, layout = self._verify_batch(items, drafts) # [pending, d1..dk] per sequence, padded
-    res = self.target.run(ub)                      # one verify graph
-    for each sequence:
-        tokens, n = accept(drafts, choose, is_stop)       # pure (speculative/verify.py)
-        self._commit(slot, pending, drafts[:n], n, ...)   # memory + MTP carry-over
+    caps = self._draft_lengths(items)             # the scheduler's caps (policy: lowered)
+    drafts = self._draft(items, caps)             # MTP: owed pairs + pending, then drafts
+    ub = self._verify_batch(items, drafts)        # [pending, d1..dk] per sequence, padded
+    choose = self._verify(ub)                     # one target graph: choose(b, i)
+    for each sequence b:
+        choices, n, stop = accept(drafts[b], choose, is_stop)  # pure (speculative/verify)
+        self._accepted(...)                        # chains, drafter, policy learn
+        self._commit(slot, [pending, *drafts[b][:n]], planes)  # SlotMemory (or replay)
+        self.drafter.after_verify(slot, committed, hidden)     # the MTP carry-over
 
-The worker also offers the low-level evaluation behind ``Engine.decode/eval/step``.
+The worker also offers the low-level evaluation behind ``Engine.decode/eval/decode_token``.
 """
 
 from __future__ import annotations
@@ -152,52 +156,22 @@ class Worker:
         """Draft -> verify -> accept -> commit for every sequence, in one batch each."""
         t_step = time.perf_counter()
         caps, chosen, drafting = self._draft_lengths(items)
-        before, ms0 = self.mtp.n_evals, self.mtp.compute_ms_total
-        drafts = self.drafter.draft_slots(
-            [(it.slot, it.pending, caps[it.slot], it.is_stop) for it in items
-             if it.slot in drafting], self.samplers.chains)
-        n_mtp = self.mtp.n_evals - before
-        policy = self.policy
-        if policy is not None and n_mtp and any(caps[s] > 0 for s in drafting):
-            policy.costs.observe("mtp", len(drafting), 1,
-                                 (self.mtp.compute_ms_total - ms0) / n_mtp)
+        drafts, n_mtp = self._draft(items, caps, drafting)
         dtoks = [drafts[it.slot].tokens if it.slot in drafts else [] for it in items]
         ub, planes, prefixes = self._verify_batch(items, dtoks)
-        B, T = ub.tokens.shape
-        ms0 = self.target.compute_ms_total
-        res = self.target.run(ub, copy=False)
-        if policy is not None:
-            policy.costs.observe("verify", B, T, self.target.compute_ms_total - ms0)
-        hidden = res.hidden.reshape(B, T, -1)
-        ids = res.ids.reshape(B, T) if res.ids is not None else None
-        logits = res.logits.reshape(B, T, -1) if res.logits is not None else None
+        choose_row, hidden = self._verify(ub, prefixes, dtoks)
         replay: dict[int, list[int]] = {}
         for b, it in enumerate(items):
             d = dtoks[b]
-            if ids is not None:
-                choose = (lambda i, b=b: int(ids[b, i]))
-            else:
-                choose = (lambda i, b=b, slot=it.slot, d=d: self.samplers.choose(
-                    slot, logits[b, i], prefixes[b][i] if prefixes is not None else d[:i]))
-            choices, n, stopped = accept(d, choose, it.is_stop)  # len(d) < room
+            choices, n, stopped = accept(d, lambda i, b=b: choose_row(b, i), it.is_stop)
             emitted = choices[:-1] if stopped else choices
-            dr = drafts.get(it.slot)
-            if dr is not None and dr.first is not None and emitted:
-                self.drafter.observe(it.slot, dr, emitted[0])  # coupled draw vs argmax
-            for t in emitted:
-                self.samplers.accept(it.slot, t)
-            k = min(n, len(d))
-            if policy is not None and it.spec and d:
-                policy.record(it.slot, len(d), k)
-            so = out.seqs[it.slot] = SeqOutput(choices, len(d), k, it.spec, target_evals=1,
+            self._accepted(it, drafts.get(it.slot), d, n, emitted)
+            so = out.seqs[it.slot] = SeqOutput(choices, len(d), min(n, len(d)), it.spec,
+                                               target_evals=1,
                                                mtp_evals=n_mtp if it.spec else 0)
             committed = [it.pending, *d[:n]]
-            if self.snapshot:  # the plane holding the state after the last accepted row
-                self.memory.commit(it.slot, committed, planes[b][T - 1 - n])
-            elif n == T - 1:  # all accepted, no padding: the spare plane's state is complete
-                self.memory.commit(it.slot, committed, planes[b][0])
-            else:  # checkpoint: state still "before pending"; re-evaluate what was accepted
-                replay[it.slot] = committed
+            if not self._commit(it.slot, committed, planes[b], ub.tokens.shape[1]):
+                replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
                 so.target_evals += 1
             self.drafter.after_verify(it.slot, committed, hidden[b, : n + 1])
         out.target_evals += 1
@@ -206,7 +180,69 @@ class Worker:
             self.decode(replay, logits="last")
             out.target_evals += len({len(t) for t in replay.values()})
         if chosen is not None:  # the policy learns what whole steps of this length cost
-            policy.observe_step(len(caps), chosen + 1, (time.perf_counter() - t_step) * 1000)
+            self.policy.observe_step(len(caps), chosen + 1,
+                                     (time.perf_counter() - t_step) * 1000)
+
+    def _draft(self, items: list[DecodeItem], caps: dict[int, int], drafting: set[int],
+               ) -> tuple[dict, int]:
+        """The drafting slots' owed pairs and pending tokens through the MTP head, then
+        up to ``caps[slot]`` drafts each. Returns (drafts by slot, MTP evaluations)."""
+        before, ms0 = self.mtp.n_evals, self.mtp.compute_ms_total
+        drafts = self.drafter.draft_slots(
+            [(it.slot, it.pending, caps[it.slot], it.is_stop) for it in items
+             if it.slot in drafting], self.samplers.chains)
+        n_mtp = self.mtp.n_evals - before
+        if self.policy is not None and n_mtp and any(caps[s] > 0 for s in drafting):
+            self.policy.costs.observe("mtp", len(drafting), 1,
+                                      (self.mtp.compute_ms_total - ms0) / n_mtp)
+        return drafts, n_mtp
+
+    def _verify(self, ub: UBatch, prefixes: list | None, dtoks: list[list[int]]):
+        """Run the verify batch. Returns ``choose(b, i)`` -- the target's token at row i of
+        sequence b (sampled in the graph, or finished on the host from the logits) -- and
+        the hidden rows [B, T, n_embd] (valid until the next graph)."""
+        B, T = ub.tokens.shape
+        ms0 = self.target.compute_ms_total
+        res = self.target.run(ub, copy=False)
+        if self.policy is not None:
+            self.policy.costs.observe("verify", B, T, self.target.compute_ms_total - ms0)
+        hidden = res.hidden.reshape(B, T, -1)
+        if res.ids is not None:
+            ids = res.ids.reshape(B, T)
+            return (lambda b, i: int(ids[b, i])), hidden
+        logits = res.logits.reshape(B, T, -1)
+        slots = ub.slots
+        choose = self.samplers.choose
+
+        def on_host(b: int, i: int) -> int:
+            pre = prefixes[b][i] if prefixes is not None else dtoks[b][:i]
+            return choose(slots[b], logits[b, i], pre)
+
+        return on_host, hidden
+
+    def _accepted(self, it: DecodeItem, draft, d: list[int], n: int,
+                  emitted: list[int]) -> None:
+        """What the chains, the drafter and the length policy learn from one sequence's
+        outcome: emitted tokens advance its chain (one random number each), the first
+        decides between coupled and argmax drafts, the accepted count teaches the policy."""
+        if draft is not None and draft.first is not None and emitted:
+            self.drafter.observe(it.slot, draft, emitted[0])  # coupled draw vs argmax
+        for t in emitted:
+            self.samplers.accept(it.slot, t)
+        if self.policy is not None and it.spec and d:
+            self.policy.record(it.slot, len(d), min(n, len(d)))
+
+    def _commit(self, slot: int, committed: list[int], planes: list[int], T: int) -> bool:
+        """Commit the pending token and the accepted drafts; False when the recurrent
+        state must be re-evaluated (checkpoint rollback with a rejection or padding)."""
+        n = len(committed) - 1
+        if self.snapshot:  # the plane holding the state after the last accepted row
+            self.memory.commit(slot, committed, planes[T - 1 - n])
+        elif n == T - 1:  # all accepted, no padding: the spare plane's state is complete
+            self.memory.commit(slot, committed, planes[0])
+        else:  # the state is still "before pending"
+            return False
+        return True
 
     def _draft_lengths(self, items: list[DecodeItem],
                        ) -> tuple[dict[int, int], int | None, set[int]]:
