@@ -55,8 +55,8 @@ from pyggspec.models.batch import catch_up_rows, padded_rows
 from pyggspec.models.mtp import MtpGraph, MtpShape, MtpWeights
 from pyggspec.models.qwen35 import TargetGraph, UBatchShape
 from pyggspec.models.runner import STEP_SCHEDS
-from pyggspec.sampling.chain import SamplingPlan, plan_chain
 from pyggspec.sampling.params import SamplingParams, graph_sampling
+from pyggspec.sampling.plan import SamplingPlan, plan_chain
 
 log = logging.getLogger("pyggspec.compute")
 
@@ -243,7 +243,7 @@ class WeightShapes:
     aliases) without reading the file: placeholders on each tensor's planned device."""
 
     def __init__(self, model, placement, mtp_placement=None) -> None:
-        from pyggspec.weights import _jobs_for, default_mtp_placement
+        from pyggspec.weights.placement import _jobs_for, default_mtp_placement
 
         jobs, self._aliases = _jobs_for(model.trunk, placement, prefix_shared=False)
         if model.mtp_file is not None:

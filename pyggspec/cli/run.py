@@ -54,8 +54,9 @@ def _parse_prompt_tokens(value: str | None) -> list[int] | None:
     return ids
 
 
-def _timings_lines(res, memory: dict) -> list[str]:
-    t = res.timings.to_dict()
+def _timings_lines(results, memory: dict) -> list[str]:
+    """The generate call's timings (all prompts), memory and the first result's stop."""
+    t = results.timings.to_dict(host=True)
     lines = [
         (f"prompt eval: {t['prompt_n']:6d} tokens in {t['prompt_ms']:10.2f} ms "
         f"({t['prompt_per_second']:8.2f} tokens/s)"),
@@ -68,7 +69,7 @@ def _timings_lines(res, memory: dict) -> list[str]:
         for dev, n in memory.get(comp, {}).items():
             parts.append(f"{comp} {fmt_bytes(n)} ({dev})")
     lines.append("memory     : " + ", ".join(parts))
-    lines.append(f"stop       : {res.stop_reason}")
+    lines.append(f"stop       : {results[0].stop_reason}")
     return lines
 
 
@@ -190,7 +191,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
     if as_json:
         out = res.to_dict() if n_parallel == 1 else {
             "results": [r.to_dict() for r in results],
-            "timings": res.timings.to_dict()}
+            "timings": results.timings.to_dict(host=True)}
         out["memory"] = memory
         out["sampling"] = sampling_stats
         out["model"] = str(model)
@@ -208,7 +209,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
             sys.stdout.write(f"{label}{r.text}\n")
     else:
         sys.stdout.write("\n")
-    for line in _timings_lines(res, memory):
+    for line in _timings_lines(results, memory):
         click.echo(line, err=True)
     if sampling_stats:
         dev = sampling_stats.get("device") or "host"

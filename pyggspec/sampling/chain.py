@@ -3,8 +3,8 @@ window, snapshot/restore) and :class:`RowInput`, a chain at one output row.
 
 The other parts live beside it: :mod:`~pyggspec.sampling.host` (host sampling),
 :mod:`~pyggspec.sampling.plan` (graph prefix | host suffix), :mod:`~pyggspec.sampling.graph`
-(the device part), :mod:`~pyggspec.sampling.stats`. Their names are importable from here
-too, for callers written before the split; new code imports them from their modules.
+(the device part), :mod:`~pyggspec.sampling.stats`; :mod:`pyggspec.sampling` exports them
+all.
 """
 
 from __future__ import annotations
@@ -18,27 +18,10 @@ import numpy as np
 
 from pyggspec.sampling import noise as N
 from pyggspec.sampling import stages as S
-from pyggspec.sampling.graph import DeviceSampling, finish_host
-from pyggspec.sampling.host import chain_probability, run_host, sample_host
+from pyggspec.sampling.host import sample_host
 from pyggspec.sampling.params import DEFAULT_SEED, SamplingParams
-from pyggspec.sampling.plan import SamplingPlan, force_unsupported, plan_chain, plan_chains
-from pyggspec.sampling.stats import SamplingStats
 
-__all__ = [
-    "ChainState",
-    "DeviceSampling",
-    "RowInput",
-    "SamplerChain",
-    "SamplingPlan",
-    "SamplingStats",
-    "chain_probability",
-    "finish_host",
-    "force_unsupported",
-    "plan_chain",
-    "plan_chains",
-    "run_host",
-    "sample_host",
-]
+__all__ = ["ChainState", "RowInput", "SamplerChain"]
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pyggspec.sampling.chain import (
-    RowInput,
-    SamplerChain,
-    SamplingStats,
-    plan_chain,
-    sample_host,
-)
+from pyggspec.sampling.chain import RowInput, SamplerChain
+from pyggspec.sampling.host import sample_host
 from pyggspec.sampling.params import SamplingParams
+from pyggspec.sampling.plan import plan_chain
+from pyggspec.sampling.stats import SamplingStats
 
 
 class SequenceSamplers:

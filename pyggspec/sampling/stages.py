@@ -357,7 +357,7 @@ def resolve_stages(params: SamplingParams, n_vocab: int) -> tuple[Stage, ...]:
 # --- graph builders -----------------------------------------------------------------------
 class GraphBuilder:
     """Appends sampling ops to a context; records every op (for the support probe) and
-    every input (created here, written by :class:`~pyggspec.sampling.chain.DeviceSampling`)."""
+    every input (created here, written by :class:`~pyggspec.sampling.graph.DeviceSampling`)."""
 
     def __init__(self, ctx: Context, n_vocab: int, n_rows: int,
                  revid: Callable[[], Tensor]) -> None:

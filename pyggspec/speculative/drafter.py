@@ -45,8 +45,9 @@ import numpy as np
 
 from pyggspec.models.batch import catch_up_rows
 from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult, argmax_probability
-from pyggspec.sampling import RowInput, SamplerChain, plan_chain, sample_host
-from pyggspec.sampling.chain import chain_probability
+from pyggspec.sampling.chain import RowInput, SamplerChain
+from pyggspec.sampling.host import chain_probability, sample_host
+from pyggspec.sampling.plan import plan_chain
 
 log = logging.getLogger("pyggspec.speculative")
 
