@@ -73,31 +73,41 @@ def test_batched_sequences_equal_solo(models, make_engine, arch):
 
 def test_ubatch_splits_equal_single_batch(models, make_engine):
     """Chunked and token-by-token prefill agree to f32 noise. The chunked and the
-    autoregressive gated-delta kernels sum in different orders: llama.cpp itself differs by
-    1.8e-5 relative between n_batch 1 and 64 on this fixture, and so do we (exactly)."""
+    autoregressive gated-delta kernels sum in different orders (llama.cpp itself differs by
+    1.8e-5 relative between ubatches of 1 and 64 tokens on this fixture), so each split is
+    held to llama.cpp's logits for the same split, bit for bit: the difference between our
+    splits is then exactly the one ggml shows between them on this host."""
     path = models.dense()
-    outs = []
-    for n_ubatch in (64, 7, 1):
-        with make_engine(path, n_ctx=256, n_ubatch=n_ubatch) as e:
-            outs.append(e.eval(PROMPT))
-    for o in outs[1:]:
-        assert rel_err(o, outs[0]) <= 1e-4
-    with OracleModel(path) as om, om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
-        one_by_one = np.concatenate([oc.eval([t]) for t in PROMPT])
-    assert rel_err(outs[2], one_by_one) <= 1e-6
+    with OracleModel(path) as om:
+        for n_ubatch in (64, 7, 1):
+            with make_engine(path, n_ctx=256, n_ubatch=n_ubatch) as e:
+                ours = e.eval(PROMPT)
+            with om.context(n_ctx=256, n_batch=n_ubatch, n_threads=2) as oc:
+                ref = np.concatenate([oc.eval(PROMPT[i:i + n_ubatch])
+                                      for i in range(0, len(PROMPT), n_ubatch)])
+            assert np.array_equal(ours, ref), (n_ubatch, rel_err(ours, ref))
 
 
 def test_tail_removal_and_copy(models, make_engine):
+    """A copied sequence continues where its source was. The 40-token and 42-token batches
+    are different shapes (ggml may pick other kernels), so each is held to llama.cpp's
+    logits for the same batches, bit for bit."""
     path = models.dense()
     with make_engine(path, n_ctx=256, n_parallel=2) as e:
         full = e.eval(PROMPT, 0)
         e.copy_seq(0, 1)
         cont = e.eval([11, 12], 1)
         e.clear(0)
-        ref = e.eval(PROMPT + [11, 12], 0)
-        assert rel_err(full, ref[: len(PROMPT)]) <= 1e-5
-        assert rel_err(cont, ref[len(PROMPT):]) <= 1e-5
+        whole = e.eval(PROMPT + [11, 12], 0)
         assert e.seq_len(1) == len(PROMPT) + 2
+    with OracleModel(path) as om:
+        with om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
+            ref_full = oc.eval(PROMPT)
+            ref_cont = oc.eval([11, 12])
+        with om.context(n_ctx=256, n_batch=256, n_threads=2) as oc:
+            ref_whole = oc.eval(PROMPT + [11, 12])
+    assert np.array_equal(full, ref_full) and np.array_equal(cont, ref_cont)
+    assert np.array_equal(whole, ref_whole)
 
 
 def test_rpc_partial_offload_equals_cpu(models, make_engine, rpc_device):
