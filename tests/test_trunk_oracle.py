@@ -122,8 +122,9 @@ def test_rpc_partial_offload_equals_cpu(models, make_engine, rpc_device):
         ours = e.eval(PROMPT)
         step = e.eval([5])
         assert e.memory()["weights"].get(dev.name, 0) > 0
-    assert rel_err(ours, ref) <= 1e-5
-    assert rel_err(step, ref_step) <= 1e-5
+    # the RPC server runs ggml's CPU kernels on the same shapes: nothing but equality
+    assert np.array_equal(ours, ref), rel_err(ours, ref)
+    assert np.array_equal(step, ref_step), rel_err(step, ref_step)
 
 
 def test_graph_reused_across_decode_steps(models, make_engine):
