@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,19 +67,23 @@ def parse_sampler_chars(value: str) -> tuple[str, ...]:
 
 
 def parse_logit_bias(items: tuple[str, ...] | list[str]) -> tuple[tuple[int, float], ...]:
-    """``["15043+1", "2-inf"]`` -> ((15043, 1.0), (2, -inf)), as llama.cpp's ``-l``."""
+    """``["15043+1", "2-inf"]`` -> ((15043, 1.0), (2, -inf)), as llama.cpp's ``-l`` reads
+    them: the token id, one sign character, then the rest as a number (so ``5+1e-3``,
+    ``5-1e+2`` and ``5+-1`` parse as there)."""
     out = []
     for item in items:
-        s = item.strip()
-        pos = max(s.rfind("+"), s.rfind("-"))
-        if pos <= 0 or not s[:pos].isdigit():
-            raise ValueError(f"logit bias must be TOKEN_ID(+/-)BIAS, got '{item}'")
+        m = _LOGIT_BIAS.match(item)
         try:
-            mag = float(s[pos + 1:])
+            if m is None:
+                raise ValueError
+            mag = float(m.group(3))
         except ValueError:
             raise ValueError(f"logit bias must be TOKEN_ID(+/-)BIAS, got '{item}'") from None
-        out.append((int(s[:pos]), -mag if s[pos] == "-" else mag))
+        out.append((int(m.group(1)), -mag if m.group(2) == "-" else mag))
     return tuple(out)
+
+
+_LOGIT_BIAS = re.compile(r"\s*(\d+)([+-])(.+)")
 
 
 class SamplingParamError(PyggspecError, ValueError):

@@ -61,9 +61,6 @@ def test_malformed_logit_bias_names_the_item(item):
         parse_logit_bias([item])
 
 
-@pytest.mark.xfail(strict=True, reason="llama.cpp reads TOKEN, one sign char, then std::stof of "
-                   "the rest (common/arg.cpp, -l), so an exponent or a signed value parses "
-                   "there; parse_logit_bias splits at the last '+'/'-' and refuses them")
 @pytest.mark.parametrize("item,want", [("5+1e-3", (5, 1e-3)), ("5-1e+2", (5, -100.0)),
                                        ("5+-1", (5, -1.0))])
 def test_logit_bias_values_llamacpp_accepts(item, want):
