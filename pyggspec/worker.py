@@ -70,28 +70,28 @@ class Worker:
         raises fails only its own sequences (listed in ``out.failed``)."""
         out = StepOutput()
         if batch.prompt:
-            try:
-                self._prompt(batch.prompt, out)
-            except Exception as exc:
-                log.exception("prompt chunk failed")
-                for c in batch.prompt:
-                    out.failed[c.slot] = exc
-                    out.seqs.pop(c.slot, None)
+            self._isolated("prompt chunk", [c.slot for c in batch.prompt], out,
+                           lambda: self._prompt(batch.prompt, out))
         if batch.decode:
             t0, dev0 = time.perf_counter(), self.device_ms()
-            try:
-                if self.speculative and any(d.spec for d in batch.decode):
-                    self._speculative(batch.decode, out)
-                else:
-                    self._plain(batch.decode, out)
-            except Exception as exc:
-                log.exception("decode step failed")
-                for d in batch.decode:
-                    out.failed[d.slot] = exc
-                    out.seqs.pop(d.slot, None)
+            spec = self.speculative and any(d.spec for d in batch.decode)
+            step = self._speculative if spec else self._plain
+            self._isolated("decode step", [d.slot for d in batch.decode], out,
+                           lambda: step(batch.decode, out))
             out.device_ms = self.device_ms() - dev0
             out.decode_ms = (time.perf_counter() - t0) * 1000
         return out
+
+    @staticmethod
+    def _isolated(what: str, slots: list[int], out: StepOutput, part) -> None:
+        """Run one part of a step; when it raises, its sequences (only) have failed."""
+        try:
+            part()
+        except Exception as exc:
+            log.exception("%s failed", what)
+            for slot in slots:
+                out.failed[slot] = exc
+                out.seqs.pop(slot, None)
 
     def _prompt(self, chunks: list[PromptChunk], out: StepOutput) -> None:
         """One ubatch of prompt chunks (equal lengths); the warm ones' pairs go into the
