@@ -274,7 +274,8 @@ def _init_mtp(p: Parts, kv_cells: int) -> None:
                                                                     head_dev.name)
     p.drafter = MtpDrafter(p.mtp, None, hp.n_embd, cfg.spec.n_min, cfg.spec.p_min,
                            coupled=cfg.spec.draft_sampling == "coupled", device=head_dev,
-                           backend_sampling=chains_in_graph)
+                           backend_sampling=chains_in_graph,
+                           probabilistic=cfg.spec.draft_sampling == "probabilistic")
 
 
 def make_policy(worker, cfg: EngineConfig):

@@ -18,7 +18,7 @@ from pyggspec.sampling.params import SamplingParams
 
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 ROLLBACKS = ("auto", "snapshot", "checkpoint")
-DRAFT_SAMPLING = ("coupled", "greedy")
+DRAFT_SAMPLING = ("coupled", "greedy", "probabilistic")
 
 
 class ConfigError(PyggspecError, ValueError):
@@ -39,13 +39,14 @@ class SpecConfig:
     # --spec-draft-adaptive. Off by default until it beats a fixed n_max (docs/benchmarks.md)
     adaptive: bool = False
     # --spec-draft-sampling: "coupled" draws drafts of sampling chains through the chain with
-    # the target's noise for that token; "greedy" takes the head's argmax (llama.cpp)
+    # the target's noise for that token; "greedy" takes the head's argmax (llama.cpp);
+    # "probabilistic" draws them from the head's top 10 and verifies by p/q rejection
     draft_sampling: str = "coupled"
 
     def __post_init__(self) -> None:
         if self.draft_sampling not in DRAFT_SAMPLING:
-            raise ConfigError("--spec-draft-sampling", "draft_sampling must be coupled or greedy, "
-                              f"got {self.draft_sampling!r}")
+            raise ConfigError("--spec-draft-sampling", "draft_sampling must be coupled, greedy "
+                              f"or probabilistic, got {self.draft_sampling!r}")
         if self.rollback not in ROLLBACKS:
             raise ConfigError("--spec-rollback", f"expected auto, snapshot or checkpoint, "
                                 f"got {self.rollback!r}")

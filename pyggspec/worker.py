@@ -30,8 +30,10 @@ import numpy as np
 from pyggspec.errors import PyggspecError
 from pyggspec.memory.slots import SlotMemory
 from pyggspec.models.batch import StepResult, UBatch, chunk_group, padded_rows
+from pyggspec.sampling.host import chain_distribution
 from pyggspec.serving.prefix_cache import common_prefix
 from pyggspec.serving.sequence import Batch, DecodeItem, PromptChunk, SeqOutput, StepOutput
+from pyggspec.speculative.rejection import accept_rejection
 from pyggspec.speculative.verify import accept
 
 log = logging.getLogger("pyggspec.worker")
@@ -158,12 +160,18 @@ class Worker:
         caps, chosen, drafting = self._draft_lengths(items)
         drafts, n_mtp = self._draft(items, caps, drafting)
         dtoks = [drafts[it.slot].tokens if it.slot in drafts else [] for it in items]
-        ub, planes, prefixes = self._verify_batch(items, dtoks)
-        choose_row, hidden = self._verify(ub, prefixes, dtoks)
+        qs = {it.slot: drafts[it.slot].q for it in items
+              if it.slot in drafts and drafts[it.slot].q}
+        ub, planes, prefixes = self._verify_batch(items, dtoks, host=bool(qs))
+        choose_row, hidden, logits = self._verify(ub, prefixes, dtoks)
         replay: dict[int, list[int]] = {}
         for b, it in enumerate(items):
             d = dtoks[b]
-            choices, n, stopped = accept(d, lambda i, b=b: choose_row(b, i), it.is_stop)
+            if it.slot in qs:  # p/q rejection (probabilistic drafts)
+                choices, n, stopped = self._reject(it.slot, d, qs[it.slot], logits[b],
+                                                   lambda i, b=b: choose_row(b, i), it.is_stop)
+            else:
+                choices, n, stopped = accept(d, lambda i, b=b: choose_row(b, i), it.is_stop)
             emitted = choices[:-1] if stopped else choices
             self._accepted(it, drafts.get(it.slot), d, n, emitted)
             so = out.seqs[it.slot] = SeqOutput(choices, len(d), min(n, len(d)), it.spec,
@@ -199,8 +207,9 @@ class Worker:
 
     def _verify(self, ub: UBatch, prefixes: list | None, dtoks: list[list[int]]):
         """Run the verify batch. Returns ``choose(b, i)`` -- the target's token at row i of
-        sequence b (sampled in the graph, or finished on the host from the logits) -- and
-        the hidden rows [B, T, n_embd] (valid until the next graph)."""
+        sequence b (sampled in the graph, or finished on the host from the logits) -- the
+        hidden rows [B, T, n_embd] and the logits [B, T, n_vocab] (None when the graph
+        sampled), valid until the next graph."""
         B, T = ub.tokens.shape
         ms0 = self.target.compute_ms_total
         res = self.target.run(ub, copy=False)
@@ -209,7 +218,7 @@ class Worker:
         hidden = res.hidden.reshape(B, T, -1)
         if res.ids is not None:
             ids = res.ids.reshape(B, T)
-            return (lambda b, i: int(ids[b, i])), hidden
+            return (lambda b, i: int(ids[b, i])), hidden, None
         logits = res.logits.reshape(B, T, -1)
         slots = ub.slots
         choose = self.samplers.choose
@@ -218,7 +227,15 @@ class Worker:
             pre = prefixes[b][i] if prefixes is not None else dtoks[b][:i]
             return choose(slots[b], logits[b, i], pre)
 
-        return on_host, hidden
+        return on_host, hidden, logits
+
+    def _reject(self, slot: int, d: list[int], q: list, logits: np.ndarray, bonus,
+                is_stop) -> tuple[list[int], int, bool]:
+        """p/q rejection of one sequence's drafts against its chain's distributions."""
+        chain = self.samplers.chains[slot]
+        return accept_rejection(
+            d, q, lambda i: chain_distribution(chain, logits[i], d[:i]), bonus, chain.key,
+            chain.n_sampled, is_stop)
 
     def _accepted(self, it: DecodeItem, draft, d: list[int], n: int,
                   emitted: list[int]) -> None:
@@ -267,7 +284,7 @@ class Worker:
         return caps, chosen, drafting
 
     def _verify_batch(self, items: list[DecodeItem], dtoks: list[list[int]],
-                      ) -> tuple[UBatch, list[list[int]], list | None]:
+                      host: bool = False) -> tuple[UBatch, list[list[int]], list | None]:
         """[pending, d1..dk] for every sequence, padded to a common length (padding
         repeats the last token; its rows are ignored), with the recurrent-state planes each
         row's state goes to: one per row (snapshot rollback) or the final one (checkpoint).
@@ -291,7 +308,7 @@ class Worker:
             dst = np.array([[mem.state_row(it.slot, planes[b][0])
                              for b, it in enumerate(items)]], np.int32)
         slots = tuple(it.slot for it in items)
-        plan = samplers.plan_id(B * T, T, slots)
+        plan = 0 if host else samplers.plan_id(B * T, T, slots)  # host: p/q needs logits
         prefixes = [[tuple(dtoks[b][:i]) for i in range(T)] for b in range(B)] if plan else None
         rows = (samplers.rows([(it.slot, prefixes[b][i]) for b, it in enumerate(items)
                                for i in range(T)]) if plan else None)

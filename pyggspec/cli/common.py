@@ -108,12 +108,14 @@ DRAFT_ADAPTIVE = Opt("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive
                      help="Choose each step's draft length from measured acceptance and costs "
                           "(--spec-draft-n-max the cap), or always draft n_max.")
 DRAFT_SAMPLING = Opt("--spec-draft-sampling", "draft_sampling",
-                     type=click.Choice(["coupled", "greedy"]), default="coupled",
-                     show_default=True,
+                     type=click.Choice(["coupled", "greedy", "probabilistic"]),
+                     default="coupled", show_default=True,
                      help="With --temp > 0: draw each draft through the sequence's own sampler "
-                          "chain with the noise the target will use for that token (coupled), "
-                          "or take the head's argmax (greedy, as llama.cpp). Greedy decoding "
-                          "drafts the argmax either way.")
+                          "chain with the noise the target will use for that token (coupled: "
+                          "output bit-identical to plain seeded sampling), take the head's "
+                          "argmax (greedy), or draw it from the head's top 10 and verify by "
+                          "p/q rejection (probabilistic, as llama.cpp: same distribution, not "
+                          "the same tokens). Greedy decoding drafts the argmax either way.")
 DRAFT_HEAD = Opt("--spec-draft-head", "draft_head", metavar="TYPE", default="",
                  help="Draft with a copy of the LM head in this ggml type (e.g. q4_0); the "
                       "target still verifies with its own weights.")

@@ -51,3 +51,21 @@ def chain_probability(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[
     w = np.exp(c.logits.astype(np.float64) - float(c.logits.max()))
     hit = w[ids == token]
     return float(hit.sum() / w.sum()) if hit.size else 0.0
+
+
+def chain_distribution(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[int] = (),
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The chain's distribution for this row, what ``dist`` samples from: (ids, float64
+    probabilities) of the candidates left by every filter, softmax at the chain's
+    temperature (a greedy chain: its choice with probability 1)."""
+    row = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
+    cand = S.Cand(None, row)
+    rc = chain.row(prefix)
+    for st in chain.stages[:-1]:
+        cand = st.host(cand, rc)
+    c = cand.finite()
+    if chain.stages[-1].name == "greedy" or len(c.logits) == 0:
+        t = S.argmax_lowest(c) if len(c.logits) else int(row.argmax())
+        return np.array([t], np.int32), np.ones(1)
+    w = np.exp(c.logits.astype(np.float64) - float(c.logits.max()))
+    return c.id_array().astype(np.int32), w / w.sum()

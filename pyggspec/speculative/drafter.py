@@ -48,6 +48,7 @@ from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult, argmax_probability
 from pyggspec.sampling.chain import RowInput, SamplerChain
 from pyggspec.sampling.host import chain_probability, sample_host
 from pyggspec.sampling.plan import plan_chain
+from pyggspec.speculative.rejection import draw_draft, prob_of
 
 log = logging.getLogger("pyggspec.speculative")
 
@@ -100,6 +101,7 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)
     first: tuple[int, int] | None = None  # coupled draw and argmax of the first draft
+    q: list = field(default_factory=list)  # probabilistic drafts: q (ids, probs) per draft
 
 
 class DraftChoice:
@@ -129,7 +131,8 @@ class MtpDrafter:
     sampling chains with ``coupled``, the chain's own draw (see the module docstring)."""
 
     def __init__(self, mtp: Mtp, memory, n_embd: int, n_min: int = 0, p_min: float = 0.0,
-                 coupled: bool = False, device=None, backend_sampling: bool = True) -> None:
+                 coupled: bool = False, device=None, backend_sampling: bool = True,
+                 probabilistic: bool = False) -> None:
         self.mtp = mtp
         self.memory = memory  # the slots' memory: the one writer of the MTP cache length
         self.carry: dict[int, Carry] = {}  # per slot (absent: the owed pairs are unknown)
@@ -137,6 +140,7 @@ class MtpDrafter:
         self.n_min = n_min
         self.p_min = p_min
         self.coupled = coupled
+        self.probabilistic = probabilistic  # sampling chains draw drafts from q (rejection)
         self.device = device  # the head's output device (plans are probed there)
         self.backend_sampling = backend_sampling
         self._plans: dict[tuple, int] = {}
@@ -150,6 +154,32 @@ class MtpDrafter:
         c = self.choices.get(slot)
         if c is not None and draft.first is not None:
             c.observe(draft.first[0], draft.first[1], target)
+
+    def _prob_chain(self, chains: Mapping[int, SamplerChain] | None,
+                    slot: int) -> SamplerChain | None:
+        """The slot's chain when its drafts are drawn from q for p/q rejection (sampling
+        chains in probabilistic mode; greedy chains draft and match their argmax)."""
+        if not self.probabilistic or chains is None:
+            return None
+        ch = chains.get(slot)
+        return ch if ch is not None and ch.stages[-1].name == "dist" else None
+
+    def _q_draws(self, res: MtpResult, rows: list[tuple[int, tuple[int, ...]]],
+                 prob: Mapping[int, SamplerChain], qrow: dict[int, object],
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of probabilistic slots: the draft drawn from q (top 10 of the head's logits
+        at the target's temperature), its q probability, and q kept per row."""
+        ids = res.ids.copy()
+        probs = (argmax_probability(res.logits) if self.p_min > 0
+                 else np.array(res.probs, np.float32, copy=True))
+        for i, (slot, prefix) in enumerate(rows):
+            ch = prob.get(slot)
+            if ch is None:
+                continue
+            t, q = draw_draft(res.logits[i], ch.params.temp, ch.key,
+                              ch.n_sampled + len(prefix))
+            ids[i], probs[i], qrow[i] = t, prob_of(q, t), q
+        return ids, probs
 
     def _sampled(self, chains: Mapping[int, SamplerChain] | None, slot: int) -> SamplerChain | None:
         if not self.coupled or chains is None:
@@ -264,7 +294,9 @@ class MtpDrafter:
         slots = tuple(r.slot for r in reqs)
         sampled = {r.slot: self._sampled(chains, r.slot) for r in reqs}
         choice = {r.slot: self._choice(r.slot, sampled[r.slot]) for r in reqs}
+        prob = {r.slot: c for r in reqs if (c := self._prob_chain(chains, r.slot)) is not None}
         mb = MtpBatch(tokens, hidden, pos0, slots, outputs)
+        mb.logits = bool(prob) and bool(drafting)  # q is computed from the head's logits
         res = (self._run(mb, [(sampled[reqs[b].slot], ()) for b in drafting]) if drafting
                else self.mtp.run(mb))
         ends = {r.slot: r.pos0 + len(r.tokens) for r in reqs}
@@ -278,6 +310,9 @@ class MtpDrafter:
                 if c is not None:
                     out[reqs[b].slot].first = (int(res.ids[row]), int(res.argmax[row]))
             ids, probs = self._pick(res, [choice[reqs[b].slot] for b, _ in live])
+        qrow: dict[int, object] = {}
+        if prob and drafting:
+            ids, probs = self._q_draws(res, [(reqs[b].slot, ()) for b, _ in live], prob, qrow)
         step = 0
         while live:
             nxt = []
@@ -289,6 +324,8 @@ class MtpDrafter:
                 tok = int(ids[row])
                 d.tokens.append(tok)
                 d.probs.append(float(probs[row]))
+                if row in qrow:
+                    d.q.append(qrow[row])
                 if len(d.tokens) < r.n_max and not (r.is_stop is not None and r.is_stop(tok)):
                     nxt.append((b, row))
             if not nxt:
@@ -303,10 +340,16 @@ class MtpDrafter:
             ch = [choice[reqs[b].slot] for b, _ in nxt]
             # a sequence drafting by argmax needs no draws
             rows = [(r[0] if c is None or c.use_coupled else None, r[1]) for r, c in zip(rows, ch)]
+            mb.logits = bool(prob)
             res = self._run(mb, rows)
             ids, probs, h = res.ids, res.probs, res.hidden
             if res.sampled:
                 ids, probs = self._pick(res, ch)
+            qrow = {}
+            if prob:
+                ids, probs = self._q_draws(
+                    res, [(reqs[b].slot, tuple(out[reqs[b].slot].tokens)) for b, _ in nxt],
+                    prob, qrow)
             live = [(b, i) for i, (b, _) in enumerate(nxt)]
         # draft-time entries past the committed pairs are not committed
         for r in reqs:
@@ -315,6 +358,7 @@ class MtpDrafter:
             if len(d.tokens) < self.n_min:
                 d.tokens.clear()
                 d.probs.clear()
+                d.q.clear()
         return out
 
     # --- the carry-over, per slot ---------------------------------------------------------
