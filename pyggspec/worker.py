@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +37,9 @@ from pyggspec.serving.sequence import Batch, DecodeItem, PromptChunk, SeqOutput,
 from pyggspec.speculative.rejection import accept_rejection
 from pyggspec.speculative.verify import accept
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pyggspec.assemble import Parts
+
 log = logging.getLogger("pyggspec.worker")
 
 
@@ -46,8 +50,7 @@ class Worker:
     see there for what each part is.
     """
 
-    def __init__(self, parts) -> None:
-        self.parts = parts
+    def __init__(self, parts: Parts) -> None:
         self.target = parts.target
         self.mtp = parts.mtp
         self.drafter = parts.drafter
