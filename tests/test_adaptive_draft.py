@@ -115,25 +115,19 @@ PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310]]
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    from pyggspec.testing import cached_model, tiny_dense, tiny_moe
-
-    d = tmp_path_factory.mktemp("adaptive_models")
-    return {(arch, agr): cached_model((tiny_dense if arch == "dense" else tiny_moe)(
-        dtype="f32", agreement=agr, tied_embeddings=False), d)
-        for arch in ("dense", "moe") for agr in (0.95, None)}
+def paths(models):
+    return {(arch, agr): models.get(arch, dtype="f32", agreement=agr, tied_embeddings=False)
+            for arch in ("dense", "moe") for agr in (0.95, None)}
 
 
-def _gen(path, prompts, n, sampling=None, pinned=None, **spec):
+def _gen(make_engine, path, prompts, n, sampling=None, pinned=None, **spec):
     """``pinned``: costs the policy sees instead of measured ones (choices then depend on
     acceptance only, not on how busy the machine is)."""
     from pyggspec.config import SpecConfig
-    from pyggspec.engine import Engine
 
     spec.setdefault("adaptive", True)
     kw = {"spec_type": "draft-mtp", "spec": SpecConfig(**spec)} if len(spec) > 1 else {}
-    with Engine(path, n_ctx=256, n_parallel=len(prompts), n_threads=2, load_tokenizer=False,
-                **kw) as e:
+    with make_engine(path, n_ctx=256, n_parallel=len(prompts), **kw) as e:
         if pinned is not None:
             pinned.frozen = True
             e.draft_policy.costs = pinned
@@ -143,35 +137,38 @@ def _gen(path, prompts, n, sampling=None, pinned=None, **spec):
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("seeded", [False, True])
-def test_adaptive_is_lossless_and_reports_lengths(models, arch, seeded):
+def test_adaptive_is_lossless_and_reports_lengths(paths, make_engine, arch, seeded):
     from pyggspec.sampling import SamplingParams
 
     sp = SamplingParams(temp=0.8, seed=7) if seeded else SamplingParams(temp=0.0)
     for agr in (0.95, None):
-        path = models[(arch, agr)]
-        ref, _, _ = _gen(path, PROMPTS, 24, sp)
-        out, stats, policy = _gen(path, PROMPTS, 24, sp, n_max=4)
+        path = paths[(arch, agr)]
+        ref, _, _ = _gen(make_engine, path, PROMPTS, 24, sp)
+        out, stats, policy = _gen(make_engine, path, PROMPTS, 24, sp, n_max=4)
         assert out == ref
         assert policy is not None and sum(stats.draft_lengths) == stats.n_steps
         d = policy.to_dict()
         assert d["costs_ms"] and sum(d["chosen_lengths"]) > 0
 
 
-def test_adaptive_stops_drafting_when_nothing_is_accepted(models):
+def test_adaptive_stops_drafting_when_nothing_is_accepted(paths, make_engine):
     """A head that never agrees: after the first steps the policy drafts (almost) nothing
     and the MTP head mostly rests; a head that always agrees drafts to the cap."""
     pinned = costs(step=100, per_row=15, mtp=30)
-    _, stats, policy = _gen(models[("dense", None)], PROMPTS[:1], 120, pinned=pinned, n_max=3)
+    _, stats, policy = _gen(make_engine, paths[("dense", None)], PROMPTS[:1], 120, pinned=pinned,
+                            n_max=3)
     steps = stats.n_steps
     assert policy.chosen[0] > 0.6 * sum(policy.chosen)
     assert stats.n_mtp_evals < 0.5 * steps  # pairs wait and are written in batches
-    _, stats, policy = _gen(models[("dense", 0.95)], PROMPTS[:1], 120, pinned=pinned, n_max=3)
+    _, stats, policy = _gen(make_engine, paths[("dense", 0.95)], PROMPTS[:1], 120, pinned=pinned,
+                            n_max=3)
     assert stats.acceptance > 0.8
     assert max(range(4), key=lambda k: policy.chosen[k]) >= 2
 
 
-def test_fixed_length_flag(models):
-    _, stats, policy = _gen(models[("dense", None)], PROMPTS[:1], 30, n_max=3, adaptive=False)
+def test_fixed_length_flag(paths, make_engine):
+    _, stats, policy = _gen(make_engine, paths[("dense", None)], PROMPTS[:1], 30, n_max=3,
+                            adaptive=False)
     assert policy is None
     # every step drafts n_max, but the last ones (the budget's room is shorter)
     assert stats.draft_lengths[3] >= stats.n_steps - 3

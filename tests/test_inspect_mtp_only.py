@@ -19,14 +19,11 @@ def run(*args: object):
 
 
 @pytest.fixture(scope="module")
-def split(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def split(models) -> dict[str, Path]:
     """Converter-layout trunk + MTP-only pairs from the project's generator (dense and MoE)."""
-    from pyggspec.testing import tiny_dense, tiny_moe, write_split
-
-    root = tmp_path_factory.mktemp("mtp-only")
     out: dict[str, Path] = {}
-    for name, preset in (("dense", tiny_dense), ("moe", tiny_moe)):
-        out[f"{name}-trunk"], out[f"{name}-mtp"] = write_split(root / name, preset(dtype="q8_0"))
+    for name in ("dense", "moe"):
+        out[f"{name}-trunk"], out[f"{name}-mtp"] = models.split(name, dtype="q8_0")
     return out
 
 

@@ -7,30 +7,22 @@ import pytest
 
 from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
-from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 
 PROMPTS = [[300, 301, 302], [400, 401]]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("multi_device_models")
-
-
-def _model(model_dir, arch: str):
-    make = tiny_dense if arch == "dense" else tiny_moe
-    return cached_model(make(dtype="f32", agreement=0.8, tied_embeddings=False), model_dir)
+def _model(models, arch: str):
+    return models.get(arch, dtype="f32", agreement=0.8, tied_embeddings=False)
 
 
 def _rebuilds(e: Engine) -> int:
     return e.target.n_rebuilds + (e.mtp.n_rebuilds if e.mtp is not None else 0)
 
 
-def _run(path, prompts, n_max: int, rollback: str, **kw):
+def _run(make_engine, path, prompts, n_max: int, rollback: str, **kw):
     """Tokens per prompt, rebuilds (a shape built again), verify steps."""
-    with Engine(path, n_ctx=512, n_parallel=len(prompts), n_threads=2, load_tokenizer=False,
-                spec_type="draft-mtp", spec=SpecConfig(n_max=n_max, rollback=rollback),
-                **kw) as e:
+    with make_engine(path, n_ctx=512, n_parallel=len(prompts), spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=n_max, rollback=rollback), **kw) as e:
         res = e.generate_batch(prompts, max_tokens=240, ignore_eos=True)
         return [r.tokens for r in res], _rebuilds(e), res.stats.n_steps
 
@@ -38,17 +30,17 @@ def _run(path, prompts, n_max: int, rollback: str, **kw):
 @pytest.mark.parametrize("arch,n_seq,rollback", [("dense", 1, "snapshot"),
                                                  ("moe", 2, "snapshot"),
                                                  ("dense", 1, "checkpoint")])
-def test_no_graph_builds_after_warm_up_with_rpc_offload(model_dir, rpc_device, arch, n_seq,
-                                                       rollback):
+def test_no_graph_builds_after_warm_up_with_rpc_offload(models, make_engine, rpc_device, arch,
+                                                       n_seq, rollback):
     """Layers, the MTP head and the LM head on the RPC device: over 64+ speculative steps
     (verify, MTP catch-up of 1..n_max+1 rows and one-row drafts alternating) no graph is
     built twice -- each shape once, when first seen -- and the output equals the CPU-only
     run."""
-    path = _model(model_dir, arch)
+    path = _model(models, arch)
     prompts = PROMPTS[:n_seq]
-    ref, _, _ = _run(path, prompts, 2, rollback)
-    out, rebuilds, n_steps = _run(path, prompts, 2, rollback, n_gpu_layers=3,
-                                device=rpc_device.name)
+    ref, _, _ = _run(make_engine, path, prompts, 2, rollback)
+    out, rebuilds, n_steps = _run(make_engine, path, prompts, 2, rollback, n_gpu_layers=3,
+                                  device=rpc_device.name)
     assert out == ref
     assert n_steps >= 64
     assert rebuilds == 0

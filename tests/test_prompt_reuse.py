@@ -10,26 +10,28 @@ from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import Request
-from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 
 P1 = [300 + i for i in range(14)]
 SEEDED = SamplingParams(temp=0.9, top_k=20, top_p=0.9, min_p=0.0, seed=5)
 
 
 @pytest.fixture(scope="module", params=["dense", "moe"])
-def engines(request, tmp_path_factory):
-    make = tiny_dense if request.param == "dense" else tiny_moe
-    path = cached_model(make(dtype="f32", agreement=0.8, tied_embeddings=False),
-                        tmp_path_factory.mktemp("reuse_models"))
+def engines(request, models):
+    path = models.get(request.param, dtype="f32", agreement=0.8, tied_embeddings=False)
     # small ubatches and checkpoint spacing: checkpoints at 4, 8, 12 and each prompt's end
     kw = {"n_ctx": 256, "n_parallel": 2, "n_threads": 2, "n_ubatch": 4,
           "ctx_checkpoints": 8, "checkpoint_min_step": 4, "load_tokenizer": False}
-    out = {"plain": Engine(path, **kw),
-           "spec": Engine(path, spec_type="draft-mtp", spec=SpecConfig(n_max=3, adaptive=False),
-                          **kw)}
-    yield out
-    for e in out.values():
-        e.close()
+    # module-scoped (shared by the module's tests): make_engine is per test, so the two
+    # engines are opened here and closed at the module's end, also when one fails to open
+    out: dict[str, Engine] = {}
+    try:
+        out["plain"] = Engine(path, **kw)
+        out["spec"] = Engine(path, spec_type="draft-mtp",
+                             spec=SpecConfig(n_max=3, adaptive=False), **kw)
+        yield out
+    finally:
+        for e in out.values():
+            e.close()
 
 
 def run(e: Engine, prompt, n, sampling, cache=True, slot=0):

@@ -12,31 +12,33 @@ from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import Request
-from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 
 N_RUNS = 200
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    d = tmp_path_factory.mktemp("rollback")
+def engines(models):
+    """One plain and twelve speculative engines per architecture, shared by the module's
+    tests (opened here, closed at the module's end, also when one fails to open)."""
     out = {}
     opened = []
-    for arch, make in (("dense", tiny_dense), ("moe", tiny_moe)):
-        path = cached_model(make(dtype="f32", agreement=0.7, tied_embeddings=False), d)
-        e = Engine(path, n_ctx=128, n_parallel=4, n_threads=2, load_tokenizer=False)
-        opened.append(e)
-        out[(arch, None, 0)] = e
-        for rb in ("snapshot", "checkpoint"):
-            for n_max in range(1, 7):
-                e = Engine(path, n_ctx=128, n_parallel=4, n_threads=2, load_tokenizer=False,
-                           spec_type="draft-mtp",  # fixed lengths: stats comparable
-                           spec=SpecConfig(n_max=n_max, rollback=rb, adaptive=False))
-                opened.append(e)
-                out[(arch, rb, n_max)] = e
-    yield out
-    for e in opened:
-        e.close()
+    try:
+        for arch in ("dense", "moe"):
+            path = models.get(arch, dtype="f32", agreement=0.7, tied_embeddings=False)
+            e = Engine(path, n_ctx=128, n_parallel=4, n_threads=2, load_tokenizer=False)
+            opened.append(e)
+            out[(arch, None, 0)] = e
+            for rb in ("snapshot", "checkpoint"):
+                for n_max in range(1, 7):
+                    e = Engine(path, n_ctx=128, n_parallel=4, n_threads=2, load_tokenizer=False,
+                               spec_type="draft-mtp",  # fixed lengths: stats comparable
+                               spec=SpecConfig(n_max=n_max, rollback=rb, adaptive=False))
+                    opened.append(e)
+                    out[(arch, rb, n_max)] = e
+        yield out
+    finally:
+        for e in opened:
+            e.close()
 
 
 def _run(e: Engine, prompts, n, sampling, p_min=0.0):

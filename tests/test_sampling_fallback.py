@@ -15,7 +15,6 @@ from pyggspec.engine import Engine
 from pyggspec.errors import DeviceError
 from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.sampling import DeviceSampling, SamplingParams
-from pyggspec.testing import cached_model, tiny_dense
 
 PROMPTS = [[300, 301, 302], [400, 401]]
 N_GEN = 12
@@ -31,28 +30,39 @@ _refs: dict[tuple, list[list[int]]] = {}
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def model(models):
     # random weights: flat logits, so sampling really differs from greedy
-    return cached_model(tiny_dense(dtype="f32"), tmp_path_factory.mktemp("fallback_models"))
+    return models.dense(dtype="f32")
 
 
-def _engine(path, spec: bool, params: SamplingParams, backend: bool,
-            draft_sampling: str = "greedy") -> Engine:
-    """Greedy drafts unless asked: the injected failures count the target's device calls
-    (coupled drafts run the same sampler code in the MTP graph)."""
-    return Engine(path, n_ctx=128, n_parallel=len(PROMPTS), n_threads=2,
-                  spec_type="draft-mtp" if spec else None,
-                  spec=SpecConfig(n_max=2, draft_sampling=draft_sampling),
-                  sampling=params, backend_sampling=backend, load_tokenizer=False)
+@pytest.fixture
+def engine(model, make_engine):
+    """``engine(spec, params, backend, draft_sampling="greedy")``: an engine on ``model``,
+    closed when the test ends. Greedy drafts unless asked: the injected failures count the
+    target's device calls (coupled drafts run the same sampler code in the MTP graph)."""
+    def make(spec: bool, params: SamplingParams, backend: bool,
+             draft_sampling: str = "greedy") -> Engine:
+        return make_engine(model, n_ctx=128, n_parallel=len(PROMPTS),
+                           spec_type="draft-mtp" if spec else None,
+                           spec=SpecConfig(n_max=2, draft_sampling=draft_sampling),
+                           sampling=params, backend_sampling=backend)
+
+    return make
 
 
-def _host_tokens(path, spec: bool, name: str) -> list[list[int]]:
-    key = (str(path), spec, name)
-    if key not in _refs:
-        with _engine(path, spec, PARAMS[name], False) as e:
-            _refs[key] = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
-            assert e.samplers.stats.device is None
-    return _refs[key]
+@pytest.fixture
+def host_tokens(model, engine):
+    """``host_tokens(spec, name)``: the tokens of host-only sampling (computed once)."""
+    def get(spec: bool, name: str) -> list[list[int]]:
+        key = (str(model), spec, name)
+        if key not in _refs:
+            with engine(spec, PARAMS[name], False) as e:
+                _refs[key] = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN,
+                                                                 ignore_eos=True)]
+                assert e.samplers.stats.device is None
+        return _refs[key]
+
+    return get
 
 
 def _inject(monkeypatch, method: str, after: int, msg: str) -> dict[str, int]:
@@ -78,16 +88,16 @@ CASES.append(("build", 0, "dist"))
 
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
 @pytest.mark.parametrize("hook,after,name", CASES)
-def test_failed_device_step_finishes_on_host(model, monkeypatch, caplog, spec, name, hook,
-                                             after):
+def test_failed_device_step_finishes_on_host(engine, host_tokens, monkeypatch, caplog, spec,
+                                             name, hook, after):
     """set_inputs / build fail before compute (the step is redone with logits as output);
     finish_host fails after it (the raw logits, kept as a graph output, are read). Either
     way: same tokens as host-only sampling (no random number drawn twice), no further
     device attempt, one log line, one count in the sampling stats."""
-    ref = _host_tokens(model, spec, name)
+    ref = host_tokens(spec, name)
     msg = f"injected {hook} failure ({name}, spec={spec})"
     with caplog.at_level(logging.WARNING, logger="pyggspec.sampling"), \
-            _engine(model, spec, PARAMS[name], True) as e:
+            engine(spec, PARAMS[name], True) as e:
         calls = _inject(monkeypatch, hook, after, msg)  # started: the generation's calls
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
         stats = e.samplers.stats.to_dict()
@@ -101,13 +111,14 @@ def test_failed_device_step_finishes_on_host(model, monkeypatch, caplog, spec, n
 
 
 @pytest.mark.parametrize("hook", ["build", "set_inputs", "finish_host"])
-def test_failed_coupled_draws_fall_back_to_the_host(model, monkeypatch, caplog, hook):
+def test_failed_coupled_draws_fall_back_to_the_host(engine, host_tokens, monkeypatch, caplog,
+                                                    hook):
     """Coupled drafts whose graph part fails are drawn on the host from then on (one log
     line; the target's chains, which fail too, fall back on their own); the output is plain
     sampling either way."""
-    ref = _host_tokens(model, True, "dist")
+    ref = host_tokens(True, "dist")
     with caplog.at_level(logging.WARNING, logger="pyggspec.speculative"), \
-            _engine(model, True, PARAMS["dist"], True, "coupled") as e:
+            engine(True, PARAMS["dist"], True, "coupled") as e:
         _inject(monkeypatch, hook, 0, f"injected draft {hook} failure")
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
         assert e.drafter.failed
@@ -117,12 +128,12 @@ def test_failed_coupled_draws_fall_back_to_the_host(model, monkeypatch, caplog, 
 
 
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
-def test_sampling_graphs_that_cannot_be_built_at_startup(model, monkeypatch, spec):
+def test_sampling_graphs_that_cannot_be_built_at_startup(engine, host_tokens, monkeypatch, spec):
     """The startup sizing of sampled graphs leaves out those that fail to build: the engine
     starts, and the generation falls back to the host at its first sampled step."""
-    ref = _host_tokens(model, spec, "dist")
+    ref = host_tokens(spec, "dist")
     calls = _inject(monkeypatch, "build", 0, "injected startup build failure")
-    with _engine(model, spec, PARAMS["dist"], True, "coupled") as e:
+    with engine(spec, PARAMS["dist"], True, "coupled") as e:
         assert calls["n"] > 0  # the sizing tried them
         planned = e.memory()["compute"]
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
@@ -132,15 +143,16 @@ def test_sampling_graphs_that_cannot_be_built_at_startup(model, monkeypatch, spe
 
 
 @pytest.mark.parametrize("hook", ["set_inputs", "finish_host"])
-def test_fallback_on_rpc_output_device(model, monkeypatch, rpc_device, hook):
+def test_fallback_on_rpc_output_device(model, make_engine, host_tokens, monkeypatch, rpc_device,
+                                       hook):
     """LM head and sampler prefix on a second device (RPC loopback): the redone step runs
     another graph on the multi-backend scheduler; tokens still equal host sampling."""
-    ref = _host_tokens(model, True, "dist")
+    ref = host_tokens(True, "dist")
     calls = _inject(monkeypatch, hook, 2, f"injected rpc {hook} failure")
-    with Engine(model, n_ctx=128, n_parallel=len(PROMPTS), n_threads=2, n_gpu_layers=99,
-                device=rpc_device.name, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=2, draft_sampling="greedy"),
-                sampling=PARAMS["dist"], backend_sampling=True, load_tokenizer=False) as e:
+    with make_engine(model, n_ctx=128, n_parallel=len(PROMPTS), n_gpu_layers=99,
+                     device=rpc_device.name, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=2, draft_sampling="greedy"),
+                     sampling=PARAMS["dist"], backend_sampling=True) as e:
         assert e.placement.output_device == rpc_device.name
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
         assert e.samplers.failed is not None
@@ -148,12 +160,12 @@ def test_fallback_on_rpc_output_device(model, monkeypatch, rpc_device, hook):
     assert out == ref
 
 
-def test_sampled_reference_really_samples(model):
-    assert _host_tokens(model, False, "dist") != _host_tokens(model, False, "greedy")
-    assert _host_tokens(model, True, "top_k") == _host_tokens(model, False, "top_k")
+def test_sampled_reference_really_samples(host_tokens):
+    assert host_tokens(False, "dist") != host_tokens(False, "greedy")
+    assert host_tokens(True, "top_k") == host_tokens(False, "top_k")
 
 
-def test_failed_compute_is_not_redone(model, monkeypatch):
+def test_failed_compute_is_not_redone(engine, monkeypatch):
     """A failed graph compute may have advanced the recurrent state: it raises instead of
     being redone (the fallback covers build, allocation, inputs and outputs)."""
     compute, set_inputs = BackendScheduler.compute, DeviceSampling.set_inputs
@@ -170,7 +182,7 @@ def test_failed_compute_is_not_redone(model, monkeypatch):
 
     monkeypatch.setattr(DeviceSampling, "set_inputs", arm)
     monkeypatch.setattr(BackendScheduler, "compute", failing_compute)
-    with _engine(model, False, PARAMS["greedy"], True) as e, \
+    with engine(False, PARAMS["greedy"], True) as e, \
             pytest.raises(DeviceError, match="injected compute failure"):
         e.generate_batch(PROMPTS, 4, ignore_eos=True)
 
@@ -189,7 +201,7 @@ def test_cli_json_reports_the_fallback(model, monkeypatch):
     assert [n for r, n in d["sampling"]["fallbacks"].items() if "injected cli failure" in r] == [1]
 
 
-def test_plans_and_graphs_stay_bounded_over_requests(model):
+def test_plans_and_graphs_stay_bounded_over_requests(model, make_engine):
     """Same chain structure -> same plan id and cached graph, whatever the values (seed,
     temperature, top_p); only a new structure (top_k's k, greedy) adds a plan. Each
     request's own values are used (tokens equal host-only sampling)."""
@@ -199,8 +211,7 @@ def test_plans_and_graphs_stay_bounded_over_requests(model):
             SamplingParams(temp=0.0)] * 3
     got, want = [], []
     for backend, out in ((True, got), (False, want)):
-        with Engine(model, n_ctx=128, n_threads=2, backend_sampling=backend,
-                    load_tokenizer=False) as e:
+        with make_engine(model, n_ctx=128, backend_sampling=backend) as e:
             for i, p in enumerate(runs):
                 out.append(e.generate(PROMPTS[0], 6, ignore_eos=True, sampling=p).tokens)
                 if backend and i == 3:

@@ -12,26 +12,29 @@ from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import QueueFull, Request, RequestError, RequestFailed
-from pyggspec.testing import cached_model, tiny_dense
 
 PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310], [320, 321, 322, 323]]
 SAMPLED = SamplingParams(temp=0.9, top_k=20, top_p=0.9, min_p=0.0, seed=77)
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    spec = tiny_dense(dtype="f32", agreement=0.8, tied_embeddings=False)
-    return cached_model(spec, tmp_path_factory.mktemp("sched_models"))
+def model(models):
+    return models.dense(dtype="f32", agreement=0.8, tied_embeddings=False)
 
 
 @pytest.fixture(scope="module")
 def engines(model):
-    out = {"plain": Engine(model, n_ctx=256, n_parallel=4, n_threads=2, ctx_checkpoints=0),
-           "spec": Engine(model, n_ctx=256, n_parallel=4, n_threads=2, ctx_checkpoints=0,
-                          spec_type="draft-mtp", spec=SpecConfig(n_max=3, adaptive=False))}
-    yield out
-    for e in out.values():
-        e.close()
+    """A plain and a speculative engine shared by the module's tests (opened here, closed
+    at the module's end, also when one fails to open)."""
+    out: dict[str, Engine] = {}
+    try:
+        out["plain"] = Engine(model, n_ctx=256, n_parallel=4, n_threads=2, ctx_checkpoints=0)
+        out["spec"] = Engine(model, n_ctx=256, n_parallel=4, n_threads=2, ctx_checkpoints=0,
+                             spec_type="draft-mtp", spec=SpecConfig(n_max=3, adaptive=False))
+        yield out
+    finally:
+        for e in out.values():
+            e.close()
 
 
 def solo(e: Engine, prompt, n, sampling=None) -> list[int]:

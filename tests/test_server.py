@@ -28,7 +28,6 @@ from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.server import ServerConfig, create_app
-from pyggspec.testing import cached_model, tiny_dense
 
 N_PARALLEL = 4
 N_CTX = 512
@@ -64,9 +63,8 @@ class LiveServer:
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory) -> Path:
-    return cached_model(tiny_dense(dtype="f32", agreement=0.9),
-                        tmp_path_factory.mktemp("serve_models"))
+def model_path(models) -> Path:
+    return models.dense(dtype="f32", agreement=0.9)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ from pyggspec.serving.http.chat import CHATML, ChatTemplate
 from pyggspec.serving.http.model_info import ftype_name
 from pyggspec.serving.http.template_caps import probe_caps
 from pyggspec.serving.server import ServerConfig, create_app
-from pyggspec.testing import cached_model, tiny_dense
 
 N_CTX = 256
 SAMPLING = SamplingParams(temp=0.0, top_k=7, top_p=0.9, min_p=0.02, repeat_penalty=1.1,
@@ -32,9 +31,8 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory) -> Path:
-    return cached_model(tiny_dense(dtype="f32", agreement=0.9),
-                        tmp_path_factory.mktemp("parity_models"))
+def model_path(models) -> Path:
+    return models.dense(dtype="f32", agreement=0.9)
 
 
 @pytest.fixture(scope="module")

@@ -10,39 +10,31 @@ from click.testing import CliRunner
 
 from pyggspec.cli import main
 from pyggspec.config import SpecConfig
-from pyggspec.engine import Engine
 from pyggspec.errors import PyggspecError
-from pyggspec.testing import cached_model, tiny_dense, tiny_moe
 from pyggspec.testing.oracle import OracleModel
 
 PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310]]
 
 
-@pytest.fixture(scope="session")
-def spec_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("spec_models")
+def agreement_model(models, arch="dense", agreement=0.8, layout="model"):
+    spec = models.spec(arch, dtype="f32", agreement=agreement, tied_embeddings=False)
+    return models.path(spec, layout=layout)
 
 
-def agreement_model(spec_dir, arch="dense", agreement=0.8, layout="model"):
-    make = tiny_dense if arch == "dense" else tiny_moe
-    spec = make(dtype="f32", agreement=agreement, tied_embeddings=False)
-    return cached_model(spec, spec_dir, layout=layout)
-
-
-def plain_outputs(path, prompts, n):
-    with Engine(path, n_ctx=256, n_parallel=len(prompts), n_threads=2) as e:
+def plain_outputs(make_engine, path, prompts, n):
+    with make_engine(path, n_ctx=256, n_parallel=len(prompts), load_tokenizer=True) as e:
         return [r.tokens for r in e.generate_batch(prompts, max_tokens=n, ignore_eos=True)]
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("rollback", ["snapshot", "checkpoint"])
 @pytest.mark.parametrize("n_max", [1, 3, 5])
-def test_lossless_many_sequences(spec_dir, arch, rollback, n_max):
-    path = agreement_model(spec_dir, arch, 0.7)
-    ref = plain_outputs(path, PROMPTS, 30)
+def test_lossless_many_sequences(models, make_engine, arch, rollback, n_max):
+    path = agreement_model(models, arch, 0.7)
+    ref = plain_outputs(make_engine, path, PROMPTS, 30)
     cfg = SpecConfig(n_max=n_max, rollback=rollback, adaptive=False)  # every position drafted
-    with Engine(path, n_ctx=256, n_parallel=4, n_threads=2, spec_type="draft-mtp",
-                spec=cfg) as e:
+    with make_engine(path, n_ctx=256, n_parallel=4, load_tokenizer=True, spec_type="draft-mtp",
+                     spec=cfg) as e:
         out = e.generate_batch(PROMPTS, max_tokens=30, ignore_eos=True)
         stats = out.stats
         assert e.rollback == rollback
@@ -51,29 +43,29 @@ def test_lossless_many_sequences(spec_dir, arch, rollback, n_max):
     assert len(stats.per_position) == n_max
 
 
-def test_snapshot_needs_fewer_target_evals_than_checkpoint(spec_dir):
-    path = agreement_model(spec_dir, "dense", 0.7)
+def test_snapshot_needs_fewer_target_evals_than_checkpoint(models, make_engine):
+    path = agreement_model(models, "dense", 0.7)
     evals = {}
     for rb in ("snapshot", "checkpoint"):
-        with Engine(path, n_ctx=256, n_parallel=1, n_threads=2, spec_type="draft-mtp",
-                    spec=SpecConfig(n_max=3, rollback=rb)) as e:
+        with make_engine(path, n_ctx=256, n_parallel=1, load_tokenizer=True, spec_type="draft-mtp",
+                         spec=SpecConfig(n_max=3, rollback=rb)) as e:
             g = e.generate_batch([PROMPTS[0]], max_tokens=40, ignore_eos=True)
             evals[rb] = g.stats.n_target_evals
     assert evals["snapshot"] < evals["checkpoint"]
 
 
-def test_p_min_and_n_min_limit_drafts(spec_dir):
-    path = agreement_model(spec_dir, "dense", 0.7)
-    ref = plain_outputs(path, PROMPTS[:1], 30)
+def test_p_min_and_n_min_limit_drafts(models, make_engine):
+    path = agreement_model(models, "dense", 0.7)
+    ref = plain_outputs(make_engine, path, PROMPTS[:1], 30)
     drafted = {}
     for p_min in (0.0, 0.9):
-        with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                    spec=SpecConfig(n_max=4, p_min=p_min)) as e:
+        with make_engine(path, n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
+                         spec=SpecConfig(n_max=4, p_min=p_min)) as e:
             out = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
             drafted[p_min] = out.stats.n_drafted
             assert out[0].tokens == ref[0]
-    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=4, n_min=4)) as e:
+    with make_engine(path, n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=4, n_min=4)) as e:
         out2 = e.generate_batch(PROMPTS[:1], max_tokens=30, ignore_eos=True)
         assert out2.stats.n_drafted % 4 == 0  # every kept draft has exactly n_min=n_max tokens
     assert out2[0].tokens == ref[0]
@@ -81,22 +73,22 @@ def test_p_min_and_n_min_limit_drafts(spec_dir):
     assert 0 < drafted[0.9] < drafted[0.0]
 
 
-def test_perfect_head_accepts_everything(spec_dir):
-    path = agreement_model(spec_dir, "dense", 1.0)
-    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=3)) as e:
+def test_perfect_head_accepts_everything(models, make_engine):
+    path = agreement_model(models, "dense", 1.0)
+    with make_engine(path, n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=3)) as e:
         g = e.generate_batch(PROMPTS[:1], max_tokens=40, ignore_eos=True)
         assert g.stats.acceptance == 1.0
 
 
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("layout", ["model", "split"])
-def test_mtp_logits_equal_llamacpp_mtp(spec_dir, arch, layout):
+def test_mtp_logits_equal_llamacpp_mtp(models, make_engine, arch, layout):
     """The head sees the pairs (x_q, h_{q-1}) and computes the same numbers as llama.cpp's
     MTP context, grafted or from a separate MTP-only file."""
     from pyggspec.models.mtp import MtpBatch
 
-    files = agreement_model(spec_dir, arch, 0.8, layout=layout)
+    files = agreement_model(models, arch, 0.8, layout=layout)
     trunk, mtp_file = (files, files) if layout == "model" else files
     prompt = PROMPTS[2]
     with OracleModel(trunk) as om, om.context(n_ctx=256, n_batch=256, nextn=True) as oc:
@@ -107,8 +99,8 @@ def test_mtp_logits_equal_llamacpp_mtp(spec_dir, arch, layout):
                                                                  mtp=True) as mc:
         ref = mc.mtp_eval(prompt + [t], paired, 0)
     md = None if layout == "model" else mtp_file
-    with Engine(trunk, mtp_path=md, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=1), draft_backend_sampling=False) as e:
+    with make_engine(trunk, mtp_path=md, n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=1), draft_backend_sampling=False) as e:
         # the production prompt path: the prompt's pairs go into the MTP cache, the first
         # token is sampled, and the slot's carry holds the pair the first draft needs
         assert e.generate(prompt, max_tokens=1, ignore_eos=True).tokens == [t]
@@ -127,30 +119,31 @@ def test_mtp_logits_equal_llamacpp_mtp(spec_dir, arch, layout):
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("layout", ["model", "split"])
 @pytest.mark.parametrize("n_max,p_min", [(1, 0.0), (2, 0.5), (4, 0.0), (4, 0.5)])
-def test_greedy_lossless_grafted_and_separate(spec_dir, arch, layout, n_max, p_min):
-    files = agreement_model(spec_dir, arch, 0.8, layout=layout)
+def test_greedy_lossless_grafted_and_separate(models, make_engine, arch, layout, n_max, p_min):
+    files = agreement_model(models, arch, 0.8, layout=layout)
     trunk, md = (files, None) if layout == "model" else files
-    ref = plain_outputs(trunk, PROMPTS[:2], 24)
-    with Engine(trunk, mtp_path=md, n_ctx=256, n_parallel=2, n_threads=2,
-                spec_type="draft-mtp", spec=SpecConfig(n_max=n_max, p_min=p_min)) as e:
+    ref = plain_outputs(make_engine, trunk, PROMPTS[:2], 24)
+    with make_engine(trunk, mtp_path=md, n_ctx=256, n_parallel=2, load_tokenizer=True,
+                     spec_type="draft-mtp", spec=SpecConfig(n_max=n_max, p_min=p_min)) as e:
         g = e.generate_batch(PROMPTS[:2], max_tokens=24, ignore_eos=True)
         out = [r.tokens for r in g]
         assert g.stats.n_accepted > 0
     assert out == ref
 
 
-def test_acceptance_at_095_agreement(spec_dir):
+def test_acceptance_at_095_agreement(models, make_engine):
     """One draft per step measures the head's agreement itself (deeper drafts compound)."""
-    path = agreement_model(spec_dir, "dense", 0.95)
-    with Engine(path, n_ctx=512, n_threads=2, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=1)) as e:
+    path = agreement_model(models, "dense", 0.95)
+    with make_engine(path, n_ctx=512, load_tokenizer=True, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=1)) as e:
         g = e.generate_batch([PROMPTS[0]], max_tokens=200, ignore_eos=True)
         assert g.stats.acceptance >= 0.9
 
 
-def test_parallel_sequences_equal_solo_runs(spec_dir):
-    path = agreement_model(spec_dir, "moe", 0.8)
-    with Engine(path, n_ctx=256, n_parallel=4, n_threads=2, spec_type="draft-mtp") as e:
+def test_parallel_sequences_equal_solo_runs(models, make_engine):
+    path = agreement_model(models, "moe", 0.8)
+    with make_engine(path, n_ctx=256, n_parallel=4, load_tokenizer=True,
+                     spec_type="draft-mtp") as e:
         together = [r.tokens for r in e.generate_batch(PROMPTS, max_tokens=20,
                                                        ignore_eos=True)]
         solo = [e.generate_batch([p], max_tokens=20, ignore_eos=True)[0].tokens
@@ -158,24 +151,25 @@ def test_parallel_sequences_equal_solo_runs(spec_dir):
     assert together == solo
 
 
-def test_draft_vocab_is_lossless_and_exclusive_with_p_min(spec_dir):
-    path = agreement_model(spec_dir, "dense", 0.8)
-    ref = plain_outputs(path, PROMPTS[:1], 24)
-    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=3, draft_vocab=512)) as e:
+def test_draft_vocab_is_lossless_and_exclusive_with_p_min(models, make_engine):
+    path = agreement_model(models, "dense", 0.8)
+    ref = plain_outputs(make_engine, path, PROMPTS[:1], 24)
+    with make_engine(path, n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=3, draft_vocab=512)) as e:
         g = e.generate_batch(PROMPTS[:1], max_tokens=24, ignore_eos=True)
         out = g[0].tokens
         assert g.stats.n_drafted > 0
     assert out == ref[0]
     with pytest.raises(PyggspecError, match="p_min needs the full-vocabulary"):
-        Engine(path, spec_type="draft-mtp", spec=SpecConfig(draft_vocab=512, p_min=0.5))
+        make_engine(path, n_threads=None, load_tokenizer=True, spec_type="draft-mtp",
+                    spec=SpecConfig(draft_vocab=512, p_min=0.5))
 
 
-def test_state_after_rollback_equals_plain_decoding(spec_dir):
+def test_state_after_rollback_equals_plain_decoding(models, make_engine):
     """After speculation the KV rows and the conv/SSM states equal plain decoding's."""
-    path = agreement_model(spec_dir, "dense", 0.6)
-    with Engine(path, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                spec=SpecConfig(n_max=3, rollback="snapshot")) as e:
+    path = agreement_model(models, "dense", 0.6)
+    with make_engine(path, n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=3, rollback="snapshot")) as e:
         g = e.generate_batch([PROMPTS[0]], max_tokens=25, ignore_eos=True)
         out = g[0].tokens
         assert 0 < g.stats.n_accepted < g.stats.n_drafted  # partial acceptance happened
@@ -183,7 +177,7 @@ def test_state_after_rollback_equals_plain_decoding(spec_dir):
         spec_state = e.rs.snapshot(0)
         spec_k = {il: e.kv.k(il).read_bytes(0, n * e.kv.k(il).nb[1]) for il in e.kv.layers}
     committed = PROMPTS[0] + out[: n - len(PROMPTS[0])]
-    with Engine(path, n_ctx=256, n_threads=2) as p:
+    with make_engine(path, n_ctx=256, load_tokenizer=True) as p:
         p.eval(committed)
         assert p.seq_len(0) == n
         plain_state = p.rs.snapshot(0)
@@ -198,14 +192,14 @@ def test_state_after_rollback_equals_plain_decoding(spec_dir):
         np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)
 
 
-def test_separate_mtp_file_drafts_like_grafted(spec_dir):
-    grafted = agreement_model(spec_dir, "dense", 0.8)
-    trunk, mtp = agreement_model(spec_dir, "dense", 0.8, layout="split")
+def test_separate_mtp_file_drafts_like_grafted(models, make_engine):
+    grafted = agreement_model(models, "dense", 0.8)
+    trunk, mtp = agreement_model(models, "dense", 0.8, layout="split")
     stats = []
     outs = []
     for model, md in ((grafted, None), (trunk, mtp)):
-        with Engine(model, mtp_path=md, n_ctx=256, n_threads=2, spec_type="draft-mtp",
-                    spec=SpecConfig(adaptive=False)) as e:  # timing-free draft lengths
+        with make_engine(model, mtp_path=md, n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
+                         spec=SpecConfig(adaptive=False)) as e:  # timing-free draft lengths
             g = e.generate_batch([PROMPTS[1]], max_tokens=30, ignore_eos=True)
             outs.append(g[0].tokens)
             stats.append((g.stats.n_drafted, g.stats.n_accepted))
@@ -213,19 +207,19 @@ def test_separate_mtp_file_drafts_like_grafted(spec_dir):
     assert stats[0] == stats[1]
 
 
-def test_model_without_mtp_head_is_a_clear_error(spec_dir):
-    path = cached_model(tiny_dense(dtype="f32", mtp="none"), spec_dir)
+def test_model_without_mtp_head_is_a_clear_error(models, make_engine):
+    path = models.dense(dtype="f32", mtp="none")
     with pytest.raises(PyggspecError, match="no MTP head .nextn_predict_layers = 0.; pass "
                        "--spec-draft-model"):
-        Engine(path, spec_type="draft-mtp")
+        make_engine(path, n_threads=None, load_tokenizer=True, spec_type="draft-mtp")
     r = CliRunner().invoke(main, ["run", "-m", str(path), "-p", "hi", "--spec-type",
                                   "draft-mtp", "-ngl", "0"])
     assert r.exit_code == 1
     assert r.output.strip().startswith(f"pyggspec: {path}: no MTP head")
 
 
-def test_cli_spec_json(spec_dir):
-    path = agreement_model(spec_dir, "dense", 0.8)
+def test_cli_spec_json(models):
+    path = agreement_model(models, "dense", 0.8)
     r = CliRunner().invoke(main, ["run", "-m", str(path), "--prompt-tokens", "300,301",
                                   "-n", "20", "--ignore-eos", "--spec-type", "draft-mtp",
                                   "--spec-draft-n-max", "2", "--spec-draft-fixed", "--json",
@@ -246,7 +240,7 @@ def test_cli_spec_json(spec_dir):
 
 
 @pytest.mark.parametrize("backend_sampling", [False, True])
-def test_sampled_decoding_is_lossless(spec_dir, backend_sampling):
+def test_sampled_decoding_is_lossless(models, make_engine, backend_sampling):
     """Same seed => same tokens with and without speculation, host or device sampling.
 
     On a 0.95-agreement model at temp 2.2 (its logits are so peaked that lower temperatures
@@ -255,13 +249,13 @@ def test_sampled_decoding_is_lossless(spec_dir, backend_sampling):
     row i must be that of the i-th token after the pending one) are exercised."""
     from pyggspec.sampling import SamplingParams
 
-    path = agreement_model(spec_dir, "dense", 0.95)
+    path = agreement_model(models, "dense", 0.95)
     params = SamplingParams(temp=2.2, top_k=40, top_p=1.0, min_p=0.0, seed=7,
                             repeat_penalty=1.1)
     outs = []
     for spec_type in (None, "draft-mtp"):
-        with Engine(path, n_ctx=256, n_parallel=3, n_threads=2, spec_type=spec_type,
-                    sampling=params, backend_sampling=backend_sampling) as e:
+        with make_engine(path, n_ctx=256, n_parallel=3, load_tokenizer=True, spec_type=spec_type,
+                         sampling=params, backend_sampling=backend_sampling) as e:
             g = e.generate_batch(PROMPTS[:3], max_tokens=40, ignore_eos=True)
             outs.append([r.tokens for r in g])
             if spec_type:
@@ -272,12 +266,12 @@ def test_sampled_decoding_is_lossless(spec_dir, backend_sampling):
             if backend_sampling:
                 assert e.samplers.stats.device == "CPU"
     assert outs[0] == outs[1]
-    plain = plain_outputs(path, PROMPTS[:3], 40)
+    plain = plain_outputs(make_engine, path, PROMPTS[:3], 40)
     assert outs[0] != plain  # it really sampled
 
 
-def test_cli_backend_sampling_identical_tokens(spec_dir):
-    path = agreement_model(spec_dir, "dense", 0.7)
+def test_cli_backend_sampling_identical_tokens(models):
+    path = agreement_model(models, "dense", 0.7)
     base = ["run", "-m", str(path), "-p", "The quick brown fox", "-n", "24", "--ignore-eos",
             "--temp", "0.8", "--top-k", "40", "--top-p", "0.95", "--seed", "1", "--json",
             "-ngl", "0"]
@@ -293,15 +287,15 @@ def test_cli_backend_sampling_identical_tokens(spec_dir):
     assert on["bytes_d2h_per_token"] < off["bytes_d2h_per_token"]
 
 
-def test_spec_with_rpc_partial_offload_is_lossless(spec_dir, rpc_device):
+def test_spec_with_rpc_partial_offload_is_lossless(models, make_engine, rpc_device):
     """The last layers, the MTP block and the LM head on a second real device (RPC); auto
     rollback picks snapshots there too."""
-    path = agreement_model(spec_dir, "dense", 0.8)
-    ref = plain_outputs(path, PROMPTS[:2], 20)
+    path = agreement_model(models, "dense", 0.8)
+    ref = plain_outputs(make_engine, path, PROMPTS[:2], 20)
     for rb in ("auto", "checkpoint"):
-        with Engine(path, n_ctx=256, n_parallel=2, n_threads=2, n_gpu_layers=3,
-                    device=rpc_device.name, spec_type="draft-mtp",
-                    spec=SpecConfig(rollback=rb)) as e:
+        with make_engine(path, n_ctx=256, n_parallel=2, load_tokenizer=True, n_gpu_layers=3,
+                         device=rpc_device.name, spec_type="draft-mtp",
+                         spec=SpecConfig(rollback=rb)) as e:
             assert rpc_device.name in e.placement.layer_devices
             assert e.rollback == ("snapshot" if rb == "auto" else rb)
             g = e.generate_batch(PROMPTS[:2], max_tokens=20, ignore_eos=True)
@@ -311,14 +305,13 @@ def test_spec_with_rpc_partial_offload_is_lossless(spec_dir, rpc_device):
         assert out == ref
 
 
-def test_rpc_offload_alternating_graphs_equals_cpu(spec_dir, rpc_device):
+def test_rpc_offload_alternating_graphs_equals_cpu(models, make_engine, rpc_device):
     """Prefill and decode graphs alternating on two backends (graphs rebuilt on a switch)."""
-    path = agreement_model(spec_dir, "moe", 0.8)
+    path = agreement_model(models, "moe", 0.8)
     seqs = ([300, 301, 302], [5], [303, 304, 305], [6], [7, 8, 9])
-    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False) as e:
+    with make_engine(path, n_ctx=256) as e:
         ref = [e.eval(t) for t in seqs]
-    with Engine(path, n_ctx=256, n_threads=2, load_tokenizer=False, n_gpu_layers=3,
-                device=rpc_device.name) as e:
+    with make_engine(path, n_ctx=256, n_gpu_layers=3, device=rpc_device.name) as e:
         out = [e.eval(t) for t in seqs]
     for a, b in zip(out, ref):
         assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
