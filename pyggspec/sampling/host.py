@@ -34,23 +34,11 @@ def sample_host(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[int] =
 
 def chain_probability(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[int],
                       token: int) -> float:
-    """The probability of ``token`` under the chain's distribution for this row: softmax of
-    the logits after every filter and the temperature (what ``dist`` samples from); for a
-    greedy chain, 1 for its choice. Host only (used for draft ``p_min``)."""
-    row = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
-    cand = S.Cand(None, row)
-    rc = chain.row(prefix)
-    for st in chain.stages[:-1]:
-        cand = st.host(cand, rc)
-    c = cand.finite()
-    if len(c.logits) == 0:
-        return 0.0
-    if chain.stages[-1].name == "greedy":
-        return 1.0 if S.argmax_lowest(c) == token else 0.0
-    ids = c.id_array()
-    w = np.exp(c.logits.astype(np.float64) - float(c.logits.max()))
-    hit = w[ids == token]
-    return float(hit.sum() / w.sum()) if hit.size else 0.0
+    """The probability of ``token`` under the chain's distribution for this row
+    (:func:`chain_distribution`). Host only (used for draft ``p_min``)."""
+    ids, probs = chain_distribution(chain, logits, prefix)
+    hit = probs[ids == token]
+    return float(hit.sum()) if hit.size else 0.0
 
 
 def chain_distribution(chain: SamplerChain, logits: np.ndarray, prefix: Sequence[int] = (),
@@ -64,8 +52,9 @@ def chain_distribution(chain: SamplerChain, logits: np.ndarray, prefix: Sequence
     for st in chain.stages[:-1]:
         cand = st.host(cand, rc)
     c = cand.finite()
-    if chain.stages[-1].name == "greedy" or len(c.logits) == 0:
-        t = S.argmax_lowest(c) if len(c.logits) else int(row.argmax())
-        return np.array([t], np.int32), np.ones(1)
+    if len(c.logits) == 0:  # every candidate filtered out: nothing has probability
+        return np.zeros(0, np.int32), np.zeros(0)
+    if chain.stages[-1].name == "greedy":
+        return np.array([S.argmax_lowest(c)], np.int32), np.ones(1)
     w = np.exp(c.logits.astype(np.float64) - float(c.logits.max()))
     return c.id_array().astype(np.int32), w / w.sum()
