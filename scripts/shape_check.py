@@ -5,8 +5,10 @@ figures on the generated test models, as one JSON object (compare two commits' o
     python3 scripts/shape_check.py > after.json       # at the new one
     python3 scripts/shape_check.py --compare before.json after.json
 
-Everything compared is deterministic (greedy or seeded); ``python_ms_per_step`` (the host
-share of a plain decode step, median of 5 runs) is printed beside, not compared exactly.
+Everything compared is deterministic (greedy or seeded); ``wall_ms_per_step`` and
+``python_ms_per_step`` (a plain decode step's wall time and host share on the tiny model,
+medians of 5 requests) are printed beside, not compared. To time an older commit, run this
+script with ``PYTHONPATH`` at that commit's checkout.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from pyggspec.engine import Engine
@@ -38,7 +41,7 @@ def _spec(**kw):
 
 def _run(path: Path, *, n_parallel: int = 1, spec: dict | None = None, sampling=None,
          prompts=PROMPTS[:1], max_tokens: int = 40, **kw) -> dict:
-    args = dict(n_ctx=256, n_parallel=n_parallel, load_tokenizer=False, progress=False)
+    args = {"n_ctx": 256, "n_parallel": n_parallel, "load_tokenizer": False, "progress": False}
     if spec is not None:
         args.update(spec_type="draft-mtp", spec=_spec(**spec))
     args.update(kw)
@@ -58,8 +61,8 @@ def _run(path: Path, *, n_parallel: int = 1, spec: dict | None = None, sampling=
 
 def _reuse(path: Path) -> dict:
     """Prompt reuse through the scheduler: a second prompt extending the first."""
-    args = dict(n_ctx=256, n_parallel=1, load_tokenizer=False, progress=False,
-                spec_type="draft-mtp", spec=_spec(n_max=3), checkpoint_min_step=4)
+    args = {"n_ctx": 256, "n_parallel": 1, "load_tokenizer": False, "progress": False,
+                "spec_type": "draft-mtp", "spec": _spec(n_max=3), "checkpoint_min_step": 4}
     with Engine(path, **args) as e:
         a = e.generate(PROMPTS[2], max_tokens=12, ignore_eos=True)
         b = e.generate(PROMPTS[2] + a.tokens + [3, 4], max_tokens=12, ignore_eos=True)
@@ -68,15 +71,19 @@ def _reuse(path: Path) -> dict:
                 "cache_n": [a.cache_n, b.cache_n, c.cache_n]}
 
 
-def _python_share(path: Path) -> float:
-    vals = []
-    for _ in range(5):
-        with Engine(path, n_ctx=256, load_tokenizer=False, progress=False) as e:
-            r = e.generate(PROMPTS[0], max_tokens=64, ignore_eos=True)
-            t = r.timings
-            vals.append(t.python_ms_per_step if hasattr(t, "python_ms_per_step")
-                        else t.to_dict()["python_ms_per_step"])
-    return statistics.median(vals)
+def _python_share(path: Path) -> tuple[float, float]:
+    """(wall ms per plain decode step, host share of it in ms): medians of 5 requests of
+    300 tokens on one engine, after a warm-up (the tiny model's device time is small, so
+    the wall time is mostly the Python of a step)."""
+    walls, pys = [], []
+    with Engine(path, n_ctx=512, load_tokenizer=False, progress=False) as e:
+        e.generate(PROMPTS[0], max_tokens=16, ignore_eos=True)
+        for _ in range(5):
+            t0 = time.perf_counter()
+            r = e.generate(PROMPTS[0], max_tokens=300, ignore_eos=True)
+            walls.append((time.perf_counter() - t0) * 1000 / 300)
+            pys.append(statistics.median(r.timings.python_ms))
+    return statistics.median(walls), statistics.median(pys)
 
 
 def collect() -> dict:
@@ -128,15 +135,16 @@ def main() -> int:
                     continue
                 bad += dx != dy
                 print(f"{k:32} {part:8} {dx:>12} {dy:>12} {'' if dx == dy else 'DIFFERS'}")
-        print(f"python_ms_per_step (plain, tiny dense): {x.get('python_ms_per_step')} -> "
-              f"{y.get('python_ms_per_step')}")
+        for k in ("wall_ms_per_step", "python_ms_per_step"):
+            print(f"{k} (plain, tiny dense): {x.get(k)} -> {y.get(k)}")
         print("identical" if not bad else f"{bad} parts differ")
         return 1 if bad else 0
     res = {"cases": collect()}
     if not a.no_timing:
         d = Path(tempfile.gettempdir()) / "pyggspec-shape-check"
-        res["python_ms_per_step"] = round(_python_share(
-            cached_model(tiny_dense(dtype="q8_0", agreement=0.9), d)), 4)
+        wall, py = _python_share(cached_model(tiny_dense(dtype="q8_0", agreement=0.9), d))
+        res["python_ms_per_step"] = round(py, 4)
+        res["wall_ms_per_step"] = round(wall, 4)
     json.dump(res, sys.stdout, sort_keys=True)
     print()
     return 0

@@ -88,7 +88,11 @@ class SlotMemory:
     def commit(self, slot: int, tokens: Sequence[int], plane: int | None = None) -> None:
         """The target evaluated ``tokens`` after the committed ones; ``plane``: the plane
         now holding the state after them (None: written in place, the current one)."""
-        self._slots[slot].tokens.extend(int(t) for t in tokens)
+        toks = self._slots[slot].tokens
+        if isinstance(tokens, (list, tuple)):  # the step paths: Python ints already
+            toks.extend(tokens)
+        else:  # an array row (prompt chunks, Engine.decode)
+            toks.extend(int(t) for t in tokens)
         if plane is not None:
             self.rs.set_current(slot, plane)
 
