@@ -75,7 +75,7 @@ class EngineConfig:
 
     mtp_path: str | None = None  # -md / --spec-draft-model: MTP-only sidecar GGUF
     # context and batching
-    n_ctx: int = 4096  # -c
+    n_ctx: int = 4096  # -c (0: the model's training context, as llama.cpp's -c 0)
     n_parallel: int = 1  # -np
     n_threads: int | None = None  # -t (None: min(cores, 8))
     n_batch: int = 2048  # -b: logical batch (prompt chunk per sequence)
@@ -106,8 +106,9 @@ class EngineConfig:
     progress: bool | None = None  # load progress on stderr (None: when it is a terminal)
 
     def __post_init__(self) -> None:
-        if min(self.n_ctx, self.n_parallel, self.n_batch, self.n_ubatch) < 1:
-            raise ConfigError(None, "need n_ctx, n_parallel, n_batch, n_ubatch >= 1")
+        if self.n_ctx < 0 or min(self.n_parallel, self.n_batch, self.n_ubatch) < 1:
+            raise ConfigError(None, "need n_ctx >= 0 (0: the training context) and "
+                              "n_parallel, n_batch, n_ubatch >= 1")
         if self.n_threads is not None and self.n_threads < 1:
             raise ConfigError("-t", f"must be >= 1, got {self.n_threads}")
         for flag, t in (("-ctk", self.type_k), ("-ctv", self.type_v),

@@ -51,10 +51,22 @@ class Opt:
 
 # ---------------------------------------------------------------------------- engine options
 MODEL = Opt("-m", "--model", "model", type=click.Path(path_type=Path), default=None)
-N_CTX = Opt("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=1), default=4096,
-            show_default=True)
-N_PARALLEL = Opt("-np", "--parallel", "n_parallel", type=click.IntRange(min=1), default=1,
-                 show_default=True, help="Sequences generated together (prompts are cycled).")
+def _n_parallel_cb(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    """``-np -1``: llama.cpp's auto, which llama-server makes 4 slots (server.cpp) and
+    llama-cli 1 sequence; 0 is refused, as llama-server does."""
+    if value == 0:
+        raise click.BadParameter("0 is not a valid number of sequences (-1: auto)")
+    if value == -1:
+        return 4 if ctx.command.name == "serve" else 1
+    return value
+
+
+N_CTX = Opt("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=0), default=4096,
+            show_default=True, help="Context of each sequence (0: the model's training "
+            "context).")
+N_PARALLEL = Opt("-np", "--parallel", "n_parallel", type=click.IntRange(min=-1), default=1,
+                 show_default=True, callback=_n_parallel_cb,
+                 help="Sequences generated together (prompts are cycled; -1: auto, 1).")
 N_BATCH = Opt("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048,
               show_default=True, help="Logical batch: a prompt is evaluated in chunks of at "
               "most this many tokens per sequence.")
@@ -63,13 +75,16 @@ N_UBATCH = Opt("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), d
                "this many tokens (capped at -b, as in llama.cpp).")
 N_THREADS = Opt("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
                 help="CPU threads (default: cores, at most 8).")
-NGL = Opt("-ngl", "--n-gpu-layers", "ngl", metavar="N|all|auto", default=None,
+NGL = Opt("-ngl", "--gpu-layers", "--n-gpu-layers", "ngl", metavar="N|all|auto", default=None,
           help="Layers on the offload device (default: all, when one exists).")
 DEVICE = Opt("-dev", "--device", "device", metavar="NAME", default=None,
              help="Offload device (see `pyggspec devices`).")
 OVERRIDES = Opt("-ot", "--override-tensor", "overrides", multiple=True, metavar="REGEX=DEVICE")
 CPU_MOE = Opt("-cmoe", "--cpu-moe", "cpu_moe", is_flag=True,
               help="Keep MoE expert weights on the CPU.")
+N_CPU_MOE = Opt("-ncmoe", "--n-cpu-moe", "n_cpu_moe", type=click.IntRange(min=0), default=0,
+                show_default=True, help="Keep the MoE expert weights of the first N layers on "
+                "the CPU (llama.cpp's -ot 'blk\\.I\\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU').")
 TYPE_K = Opt("-ctk", "--cache-type-k", "type_k", default="f16", show_default=True)
 TYPE_V = Opt("-ctv", "--cache-type-v", "type_v", default="f16", show_default=True)
 RPC = Opt("--rpc", "rpc", default=None, metavar="HOST:PORT[,...]",
@@ -78,7 +93,7 @@ NO_MMAP = Opt("--no-mmap", "no_mmap", is_flag=True,
               help="Copy CPU weights instead of mapping the file.")
 NO_REPACK = Opt("-nr", "--no-repack", "no_repack", is_flag=True, help="Keep CPU weights as "
                 "stored (no repacking into ggml's CPU extra buffer types).")
-CTX_CHECKPOINTS = Opt("-ctxcp", "--ctx-checkpoints", "ctx_checkpoints",
+CTX_CHECKPOINTS = Opt("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "ctx_checkpoints",
                       type=click.IntRange(min=0), default=4, show_default=True,
                       help="Recurrent-state checkpoints kept per slot for prompt reuse "
                            "(host memory).")
@@ -97,7 +112,7 @@ N_MAX = Opt("--spec-draft-n-max", "n_max", type=click.IntRange(min=1), default=3
             show_default=True, help="Most tokens drafted per step.")
 N_MIN = Opt("--spec-draft-n-min", "n_min", type=click.IntRange(min=0), default=0,
             show_default=True, help="Drop drafts shorter than this.")
-P_MIN = Opt("--spec-draft-p-min", "p_min", type=click.FloatRange(0.0, 1.0), default=0.0,
+P_MIN = Opt("--spec-draft-p-min", "--draft-p-min", "p_min", type=click.FloatRange(0.0, 1.0), default=0.0,
             show_default=True,
             help="Stop drafting below this probability: the head's softmax over the full "
                  "vocabulary for argmax drafts; for coupled draws, the chain's probability of "
@@ -213,6 +228,11 @@ def _bias_cb(ctx: click.Context, param: click.Parameter, value: tuple[str, ...])
         raise click.BadParameter(str(e)) from None
 
 
+def _seed_cb(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    """``--seed -1``: random, llama.cpp's LLAMA_DEFAULT_SEED (its stoul wraps -1 to it)."""
+    return DEFAULT_SEED if value == -1 else value
+
+
 _D = SamplingParams()
 SAMPLING_OPTIONS = (
     Opt("--temp", "--temperature", "temp", type=float, default=_D.temp, show_default=True,
@@ -234,8 +254,8 @@ SAMPLING_OPTIONS = (
         show_default=True, help="Presence penalty (0.0 = disabled)."),
     Opt("--frequency-penalty", "frequency_penalty", type=float, default=_D.frequency_penalty,
         show_default=True, help="Frequency penalty (0.0 = disabled)."),
-    Opt("-s", "--seed", "seed", type=click.IntRange(min=0), default=_D.seed, show_default=True,
-        help=f"RNG seed ({DEFAULT_SEED} = random)."),
+    Opt("-s", "--seed", "seed", type=click.IntRange(min=-1), default=_D.seed, show_default=True,
+        callback=_seed_cb, help=f"RNG seed ({DEFAULT_SEED} or -1 = random)."),
     Opt("--samplers", "samplers", default=None, callback=_samplers_cb, metavar="SAMPLERS",
         help=f"';'-separated sampler order (default: {';'.join(DEFAULT_SAMPLERS)})."),
     Opt("-l", "--logit-bias", "logit_bias", multiple=True, callback=_bias_cb,
@@ -294,6 +314,12 @@ def parse_ngl(value: str | None) -> int | str | None:
                                  param_hint="'-ngl'") from None
 
 
+def cpu_moe_patterns(n: int) -> list[tuple[str, str]]:
+    """``-ncmoe N``: the -ot patterns llama.cpp adds, keeping the experts of layers 0..N-1 on
+    the CPU."""
+    return [(f"blk\\.{i}\\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU") for i in range(n)]
+
+
 # option dest -> EngineConfig field, for the values that are not the field itself
 _CONVERT: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "ngl": ("n_gpu_layers", parse_ngl),
@@ -302,7 +328,7 @@ _CONVERT: Mapping[str, tuple[str, Callable[[Any], Any]]] = {
     "no_repack": ("repack", lambda v: not v),
 }
 _FIELDS = frozenset(f.name for f in fields(EngineConfig))
-ENGINE_DESTS = frozenset(_CONVERT) | _FIELDS | {"spec", "sampling"}
+ENGINE_DESTS = frozenset(_CONVERT) | _FIELDS | {"spec", "sampling", "n_cpu_moe"}
 
 
 def config_from_options(values: dict[str, Any]) -> EngineConfig:
@@ -311,9 +337,12 @@ def config_from_options(values: dict[str, Any]) -> EngineConfig:
     the :class:`EngineConfig`; options a command lacks keep the config's defaults. A bad
     value is a one-line :class:`~pyggspec.config.ConfigError` naming its flag."""
     kw: dict[str, Any] = {}
+    moe: list[tuple[str, str]] = []
     for dest in sorted(ENGINE_DESTS & set(values)):
         v = values.pop(dest)
-        if dest == "spec":
+        if dest == "n_cpu_moe":
+            moe = cpu_moe_patterns(v)
+        elif dest == "spec":
             kw.update(v.engine_kwargs)
         elif dest == "sampling":
             kw.update(sampling=v.params, backend_sampling=v.backend_sampling,
@@ -323,6 +352,8 @@ def config_from_options(values: dict[str, Any]) -> EngineConfig:
             kw[name] = convert(v)
         else:
             kw[dest] = v
+    if moe:  # after the user's -ot patterns (the first match wins)
+        kw["override_tensor"] = [*kw.get("override_tensor", ()), *moe]
     return EngineConfig.from_kwargs(**kw)
 
 

@@ -20,6 +20,7 @@ from pyggspec.cli.common import (
     DEVICE,
     MODEL,
     N_BATCH,
+    N_CPU_MOE,
     N_CTX,
     N_PARALLEL,
     N_THREADS,
@@ -38,6 +39,7 @@ from pyggspec.cli.common import (
     sampling_options,
     spec_options,
 )
+from pyggspec.cli.llama_flags import LlamaCommand, llama_flags
 from pyggspec.config import EngineConfig
 
 
@@ -84,7 +86,7 @@ def _spec_lines(stats: dict) -> list[str]:
     ]
 
 
-@click.command(context_settings=CONTEXT_SETTINGS)
+@click.command(cls=LlamaCommand, context_settings=CONTEXT_SETTINGS)
 @MODEL(help="GGUF model (trunk, MTP grafted or not). Without it, --spec-type draft-mtp runs "
             "the built-in synthetic demo model.")
 @click.option("-p", "--prompt", "prompts", multiple=True,
@@ -93,11 +95,13 @@ def _spec_lines(stats: dict) -> list[str]:
               dir_okay=False), help="Read the prompt from a file.")
 @click.option("--prompt-tokens", default=None, metavar="ID,ID,...",
               help="Prompt as token ids (skips tokenization).")
-@click.option("-cnv", "--chat", "chat", is_flag=True,
+@click.option("-cnv", "--chat", "--conversation", "chat", is_flag=True,
               help="Wrap the prompt as a user message with the GGUF's chat template.")
 @click.option("-sys", "--system-prompt", default=None, help="System message for --chat.")
-@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=0), default=128,
-              show_default=True, help="Tokens to generate per sequence.")
+@click.option("-n", "--predict", "--n-predict", "n_predict", type=click.IntRange(min=-2),
+              default=128, show_default=True, help="Tokens to generate per sequence (-1: until "
+              "end of generation or the context is full; -2: until the context is full, the "
+              "same here: there is no context shift).")
 @N_CTX()
 @N_PARALLEL()
 @N_BATCH()
@@ -107,6 +111,7 @@ def _spec_lines(stats: dict) -> list[str]:
 @DEVICE()
 @OVERRIDES()
 @CPU_MOE()
+@N_CPU_MOE()
 @TYPE_K()
 @TYPE_V()
 @RPC()
@@ -118,6 +123,7 @@ def _spec_lines(stats: dict) -> list[str]:
 @CHECKPOINT_MIN_STEP()
 @sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
+@llama_flags("run")
 @engine_config
 def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         prompt_file: Path | None, prompt_tokens: str | None, chat: bool,
@@ -174,6 +180,8 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
                         sys.stdout.write(piece)
                 sys.stdout.flush()
 
+        if n_predict < 0:  # -1/-2: the context bounds the output
+            n_predict = engine.n_ctx
         results = engine.generate_batch(inputs, max_tokens=n_predict, ignore_eos=ignore_eos,
                                         on_tokens=stream)
         if stream is not None:

@@ -21,6 +21,7 @@ from pyggspec.cli.common import (
     DEVICE,
     MODEL,
     N_BATCH,
+    N_CPU_MOE,
     N_CTX,
     N_PARALLEL,
     N_THREADS,
@@ -38,10 +39,66 @@ from pyggspec.cli.common import (
     sampling_options,
     spec_options,
 )
+from pyggspec.cli.llama_flags import FlagRefused, LlamaCommand, llama_flags
 from pyggspec.config import EngineConfig
 
+# llama-server's CORS defaults (common.h), used once any --cors-* flag is given
+_CORS_METHODS = "GET, POST, DELETE, OPTIONS"
+_LOCALHOST = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
 
-@click.command(context_settings=CONTEXT_SETTINGS)
+
+def _chat_template(name: str | None, path: Path | None) -> str | None:
+    """``--chat-template`` (Jinja text, or the built-in name ``chatml``) or
+    ``--chat-template-file``: the template source, or None for the file's own."""
+    if path is not None:
+        if name is not None:
+            raise click.UsageError("give --chat-template or --chat-template-file, not both")
+        return path.read_text()
+    if name is None:
+        return None
+    if name == "chatml":
+        from pyggspec.serving.http.chat import CHATML
+
+        return CHATML
+    if "{{" in name or "{%" in name:
+        return name
+    raise FlagRefused(f"--chat-template {name}: not supported by pyggspec serve (of "
+                      "llama.cpp's built-in template names only 'chatml'; give Jinja text "
+                      "or --chat-template-file)")
+
+
+def _api_key(key: str | None, key_file: Path | None) -> str | None:
+    """``--api-key`` or the one key of ``--api-key-file`` (llama.cpp: one per line, '#'
+    comments)."""
+    if key_file is None:
+        return key
+    keys = [ln for ln in key_file.read_text().splitlines() if ln and not ln.startswith("#")]
+    if key is not None:
+        keys.insert(0, key)
+    if len(keys) != 1:
+        raise FlagRefused(f"--api-key-file: not supported by pyggspec serve with {len(keys)} "
+                          "keys (one key only, counting --api-key)")
+    return keys[0]
+
+
+def _add_cors(app, origins: str | None, methods: str | None, headers: str | None,
+              credentials: bool | None) -> None:
+    """llama-server's --cors-* flags: CORS headers on every response, its defaults for the
+    flags not given ('localhost': only a localhost Origin is reflected)."""
+    if origins is None and methods is None and headers is None and credentials is None:
+        return
+    from starlette.middleware.cors import CORSMiddleware
+
+    split = (lambda v: [x.strip() for x in v.split(",") if x.strip()])
+    origins = origins or "*"
+    kw = ({"allow_origin_regex": _LOCALHOST} if origins == "localhost"
+          else {"allow_origins": split(origins)})
+    app.add_middleware(CORSMiddleware, allow_methods=split(methods or _CORS_METHODS),
+                       allow_headers=split(headers or "*"),
+                       allow_credentials=True if credentials is None else credentials, **kw)
+
+
+@click.command(cls=LlamaCommand, context_settings=CONTEXT_SETTINGS)
 @MODEL(help="GGUF model. Without it, --spec-type draft-mtp serves the built-in synthetic demo "
             "model.")
 @click.option("-a", "--alias", "alias", default=None,
@@ -51,13 +108,25 @@ from pyggspec.config import EngineConfig
               help="Port to listen on (0: any free port).")
 @click.option("--api-key", "api_key", default=None, envvar="PYGGSPEC_API_KEY",
               help="Require this key (Authorization: Bearer KEY) on every endpoint but /health.")
-@N_PARALLEL(default=4, help="Sequence slots generating at once.")
+@click.option("--api-key-file", "api_key_file", default=None,
+              type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="Read the API key from this file (llama.cpp's format; one key).")
+@click.option("--cors-origins", "cors_origins", default=None, metavar="ORIGINS",
+              help="Send CORS headers, allowing these comma-separated origins ('*': any; "
+                   "'localhost': a localhost Origin only). Default: no CORS headers.")
+@click.option("--cors-methods", "cors_methods", default=None, metavar="METHODS",
+              help=f"CORS allowed methods (with any --cors-* flag; default: {_CORS_METHODS}).")
+@click.option("--cors-headers", "cors_headers", default=None, metavar="HEADERS",
+              help="CORS allowed headers (with any --cors-* flag; default: *).")
+@click.option("--cors-credentials/--no-cors-credentials", "cors_credentials", default=None,
+              help="CORS: allow credentials (with any --cors-* flag; default: allowed).")
+@N_PARALLEL(default=4, help="Sequence slots generating at once (-1: auto, 4 as llama-server).")
 @click.option("--max-queue", "max_queue", type=click.IntRange(min=0), default=64,
               show_default=True, help="Requests waiting for a slot before HTTP 503.")
-@N_CTX(help="Context (prompt + output) of each slot.")
-@click.option("-n", "--n-predict", "n_predict", type=click.IntRange(min=-1), default=-1,
-              show_default=True, help="Default output limit per request (-1: until end of "
-                                      "generation or the context is full).")
+@N_CTX(help="Context (prompt + output) of each slot (0: the model's training context).")
+@click.option("-n", "--predict", "--n-predict", "n_predict", type=click.IntRange(min=-2),
+              default=-1, show_default=True, help="Default output limit per request (-1 or "
+              "-2: until end of generation or the context is full).")
 @N_BATCH(help="Logical batch (prompt chunk per sequence).")
 @N_UBATCH(help="Physical batch (capped at -b).")
 @N_THREADS()
@@ -65,6 +134,7 @@ from pyggspec.config import EngineConfig
 @DEVICE()
 @OVERRIDES()
 @CPU_MOE()
+@N_CPU_MOE()
 @TYPE_K()
 @TYPE_V()
 @RPC(help="Add remote ggml RPC servers as devices.")
@@ -79,13 +149,20 @@ from pyggspec.config import EngineConfig
 @click.option("--chat-template-file", "chat_template_file",
               type=click.Path(path_type=Path, exists=True, dir_okay=False), default=None,
               help="Use this Jinja chat template instead of the file's.")
+@click.option("--chat-template", "chat_template", default=None, metavar="JINJA|chatml",
+              help="Use this Jinja template text (or the built-in 'chatml') instead of the "
+                   "file's.")
 @click.option("--log-level", "log_level", type=click.Choice(["debug", "info", "warning",
               "error"]), default="info", show_default=True)
 @sampling_options
+@llama_flags("serve")
 @engine_config
 def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str, port: int,
           api_key: str | None, max_queue: int, n_predict: int, rpc: str | None, jinja: bool,
-          chat_template_file: Path | None, log_level: str) -> None:
+          chat_template_file: Path | None, log_level: str, api_key_file: Path | None = None,
+          cors_origins: str | None = None, cors_methods: str | None = None,
+          cors_headers: str | None = None, cors_credentials: bool | None = None,
+          chat_template: str | None = None) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
 
@@ -96,7 +173,8 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
     from pyggspec.serving.server import serve as run_server
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    template = chat_template_file.read_text() if chat_template_file is not None else None
+    template = _chat_template(chat_template, chat_template_file)
+    api_key = _api_key(api_key, api_key_file)
     synthetic = False
     if model is None:
         if not config.speculative:
@@ -121,6 +199,7 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
             app = create_app(engine, server_config, max_queue=max_queue)
         except ValueError as e:
             raise click.UsageError(str(e)) from None
+        _add_cors(app, cors_origins, cors_methods, cors_headers, cors_credentials)
         cfg = config.spec
         spec_desc = (f"draft-mtp n_max {cfg.n_max}" + (" adaptive" if cfg.adaptive else " fixed")
                      + (f" p_min {cfg.p_min}" if cfg.p_min else "")

@@ -136,7 +136,10 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
 
 
 def planned_n_ctx(cfg: EngineConfig, hp: HParams) -> int:
-    """The context an engine with ``cfg`` runs: ``-c``, capped at the training context."""
+    """The context an engine with ``cfg`` runs: ``-c``, capped at the training context;
+    ``-c 0`` is the training context (llama.cpp's meaning; 4096 where the file has none)."""
+    if cfg.n_ctx == 0:
+        return hp.n_ctx_train or 4096
     return min(cfg.n_ctx, hp.n_ctx_train or cfg.n_ctx)
 
 

@@ -1,0 +1,371 @@
+"""llama.cpp's command lines work with ``pyggspec serve`` and ``pyggspec run`` (issue 21,
+item 1): its multi-letter short flags parse as llama.cpp means them, its sentinels (-1, -2, 0)
+mean what they mean there, and every flag of llama-server / llama-cli / llama-completion is
+honoured, accepted without effect, or refused in one line (never "No such option")."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from pyggspec.cli import main
+from pyggspec.cli import run as run_mod
+from pyggspec.cli import serve as serve_mod
+from pyggspec.cli.llama_flags import FLAGS, HONOURED, NOOP, REFUSED, counts, status_of
+from pyggspec.config import EngineConfig
+from pyggspec.memory.plan import planned_n_ctx
+from pyggspec.sampling.params import DEFAULT_SEED
+
+ROOT = Path(__file__).resolve().parents[1]
+ARG_CPP = ROOT / ".gpu/build/src/llama.cpp-b11549/common/arg.cpp"
+COMMANDS = ("serve", "run")
+NEEDS = {"serve": [], "run": ["--prompt-tokens", "1,2"]}  # what a command needs to start
+
+
+class Built(Exception):
+    pass
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """Run a command line up to the engine: returns (result, the EngineConfig or None)."""
+    seen: dict[str, EngineConfig] = {}
+
+    def engine_from_config(path, config):
+        seen["config"] = config
+        raise Built
+
+    monkeypatch.setattr(run_mod, "engine_from_config", engine_from_config)
+    monkeypatch.setattr(serve_mod, "engine_from_config", engine_from_config)
+
+    def invoke(command: str, *flags: str):
+        seen.clear()
+        r = CliRunner().invoke(main, [command, "-m", "x.gguf", *NEEDS[command], *flags])
+        return r, seen.get("config")
+
+    return invoke
+
+
+def _declared(command: str) -> set[str]:
+    cmd = main.commands[command]
+    return {o for p in cmd.get_params(click.Context(cmd, **cmd.context_settings)) if isinstance(p, click.Option)
+            for o in p.opts + p.secondary_opts}
+
+
+def _value(flag, i: int = 0) -> list[str]:
+    return [flag.accept[0] if flag.accept else "1"] * flag.nargs
+
+
+# --------------------------------------------------------------------------- the table
+def _arg_cpp_flags() -> dict[str, set[str]]:
+    """Every flag name of llama.cpp's arg.cpp in the server (serve) and the cli and
+    completion (run) examples: an option is in an example when it names it, or names
+    LLAMA_EXAMPLE_COMMON (the default) and does not exclude it."""
+    src = ARG_CPP.read_text()
+    starts = [m.end() for m in re.finditer(r"add_opt\(common_arg\(", src)]
+    out: dict[str, set[str]] = {"serve": set(), "run": set()}
+    for i, s in enumerate(starts):
+        block = src[s:starts[i + 1] if i + 1 < len(starts) else len(src)]
+        head = re.sub(r"^\s*//[^\n]*", "", block.lstrip()).lstrip()
+        m = re.match(r'\{([^}]*)\}\s*,\s*(?:\{([^}]*)\}\s*,)?', head)
+        assert m, head[:80]
+        names = re.findall(r'"([^"]*)"', m.group(1)) + re.findall(r'"([^"]*)"', m.group(2) or "")
+        end = re.search(r"\n    \)(.*?);\n", block, re.DOTALL)
+        tail = end.group(1) if end else ""
+        ex = re.search(r"set_examples\(\s*(\{[^}]*\}|\w+)", tail)
+        examples = set(re.findall(r"LLAMA_EXAMPLE_(\w+)", ex.group(1))) if ex else {"COMMON"}
+        if ex and ex.group(1) == "mmproj_examples":
+            examples = {"SERVER", "CLI"}
+        exc = re.search(r"set_excludes\(\s*\{([^}]*)\}", tail)
+        excludes = set(re.findall(r"LLAMA_EXAMPLE_(\w+)", exc.group(1))) if exc else set()
+        common = "COMMON" in examples
+        if ("SERVER" in examples or common) and "SERVER" not in excludes:
+            out["serve"].update(names)
+        if examples & {"CLI", "COMPLETION"} or common:
+            out["run"].update(names)
+    return out
+
+
+@pytest.mark.skipif(not ARG_CPP.exists(), reason="llama.cpp b11549 sources not built here")
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_llama_cpp_flag_has_a_status(command):
+    names = _arg_cpp_flags()[command]
+    assert len(names) > 150
+    missing = sorted(names - set(status_of(command)))
+    assert not missing, missing
+
+
+def test_the_table_is_consistent():
+    seen: dict[tuple[str, str], str] = {}
+    for f in FLAGS:
+        assert f.names and all(n.startswith("-") for n in f.names), f
+        assert f.nargs in (0, 1, 2)
+        for cmd, st in f.status.items():
+            assert st in (HONOURED, NOOP, REFUSED)
+            assert st == HONOURED or f.why, f  # every no-op and refusal says why
+            for n in f.names:
+                assert (cmd, n) not in seen, (cmd, n)
+                seen[cmd, n] = st
+    c = counts()
+    assert c["serve"][HONOURED] > 50 and c["serve"][REFUSED] > 50 and c["run"][NOOP] > 20
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_honoured_flags_are_declared(command):
+    declared = _declared(command)
+    honoured = {n for n, f in status_of(command).items() if f.status[command] == HONOURED}
+    assert not honoured - declared, sorted(honoured - declared)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_op_and_refused_flags_are_never_no_such_option(built, command):
+    """Each no-op flag reaches the engine; each refused one stops with one line naming it,
+    exit code 2."""
+    for name, f in sorted(status_of(command).items()):
+        st = f.status[command]
+        if st == HONOURED:
+            continue
+        r, config = built(command, name, *_value(f))
+        if st == NOOP:
+            assert config is not None, (name, r.output)
+        else:
+            assert r.exit_code == 2 and config is None, (name, r.output)
+            assert r.output == (f"pyggspec: {name}: not supported by pyggspec {command} "
+                                f"({f.why})\n"), r.output
+
+
+def test_an_unaccepted_value_of_a_no_op_flag_is_refused(built):
+    r, config = built("serve", "-fa", "maybe")
+    assert r.exit_code == 2 and config is None
+    assert r.output.startswith("pyggspec: -fa maybe: not supported by pyggspec serve (")
+    assert r.output.count("\n") == 1
+    for v in ("on", "off", "auto", "ON"):
+        assert built("serve", "--flash-attn", v)[1] is not None
+    r, _ = built("serve", "--reasoning-format", "deepseek")
+    assert r.exit_code == 2 and "--reasoning-format deepseek: not supported" in r.output
+    assert built("serve", "--reasoning-format", "none")[1] is not None
+    assert built("run", "-rea", "auto")[1] is not None
+    assert built("run", "-rea", "on")[0].exit_code == 2
+
+
+def test_the_issue_examples(built):
+    r, _ = built("serve", "--embedding")
+    assert r.output == ("pyggspec: --embedding: not supported by pyggspec serve (pyggspec "
+                        "serve generates text only, no embeddings or reranking)\n")
+    for flag in ("--reranking", "--rerank", "--embeddings"):
+        assert built("serve", flag)[0].output.startswith(f"pyggspec: {flag}: not supported")
+    ok = ["--metrics", "--slots", "--no-slots", "-fa", "auto", "--cont-batching",
+          "--kv-unified", "--offline", "--cache-ram", "0", "--no-context-shift", "--swa-full",
+          "--no-webui", "--jinja", "--reasoning", "auto", "--chat-template", "chatml",
+          "--cors-origins", "*"]
+    assert built("serve", *ok)[1] is not None
+    for flag in ("--slot-save-path", "--context-shift"):
+        r, _ = built("serve", flag, *(["x"] if flag == "--slot-save-path" else []))
+        assert r.exit_code == 2 and r.output.startswith(f"pyggspec: {flag}: not supported")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_garbage_is_still_a_usage_error(built, command):
+    r, _ = built(command, "--no-such-flag-at-all")
+    assert r.exit_code == 2 and "No such option '--no-such-flag-at-all'" in r.output
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_the_other_tools_flags_are_refused(built, command):
+    """Every flag of llama-server is at least refused by run, and every flag of llama-cli by
+    serve: no llama.cpp spelling is 'No such option' or split into a short flag."""
+    other = "run" if command == "serve" else "serve"
+    for name, f in sorted(status_of(other).items()):
+        if command in f.status:
+            continue
+        r, config = built(command, name, *_value(f))
+        if name in _declared(command):
+            continue
+        assert r.exit_code == 2 and config is None, (name, r.output)
+        assert r.output.startswith(f"pyggspec: {name}: not supported by pyggspec {command} "
+                                   "(a llama-"), r.output
+
+
+def test_everyday_no_ops_say_so_in_help():
+    r = CliRunner().invoke(main, ["serve", "-h"])
+    assert r.exit_code == 0
+    for flag in ("--metrics", "-fa, --flash-attn", "-cb, --cont-batching", "--offline"):
+        assert flag in r.output
+    assert "/metrics is always served" in " ".join(r.output.split())
+    assert "--embedding" not in r.output  # refusals are hidden
+
+
+# --------------------------------------------------------------------------- short flags
+@pytest.mark.parametrize("command", COMMANDS)
+def test_multi_letter_short_flags(built, command, tmp_path):
+    """The issue's: -tb 2 was '-t b'; each llama.cpp short spelling is its own option."""
+    r, c = built(command, "-tb", "2", "-t", "3", "-ngld", "99", "-ncmoe", "2", "-ub", "64",
+                 "-np", "2", "-ctxcp", "5", "-dev", "none", "-ot", "x=CPU", "-ctk", "q8_0",
+                 "-ctv", "q4_0", "-md", str(tmp_path / "m.gguf"), "-fa", "on", "-kvo",
+                 "-nr", "-ngl", "3", "-bs", "-ctkd", "q8_0", "-ctvd", "q8_0", "-cmoe")
+    assert c is not None, r.output
+    assert (c.n_threads, c.n_ubatch, c.n_parallel, c.ctx_checkpoints) == (3, 64, 2, 5)
+    assert c.override_tensor == (("x", "CPU"),
+                                 (r"blk\.0\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"),
+                                 (r"blk\.1\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU"))
+    assert (c.type_k, c.type_v, c.mtp_type_k, c.mtp_type_v) == ("q8_0", "q4_0", "q8_0", "q8_0")
+    assert c.mtp_path == str(tmp_path / "m.gguf") and c.device == "none"
+    assert c.n_gpu_layers == 3 and not c.repack and c.backend_sampling and c.cpu_moe
+    r, c = built(command, "-nkvo")
+    assert r.output.startswith("pyggspec: -nkvo: not supported by pyggspec ")
+    for flags in (["-cb"], ["-nocb"], ["-cms", "64"]):
+        r, c = built(command, *flags)
+        if command == "serve":
+            assert r.exit_code == (2 if flags == ["-nocb"] else 1), r.output
+            if flags[0] == "-cms":
+                assert c.checkpoint_min_step == 64
+        else:  # llama-cli has none of them: refused as llama-server's, not read as '-c b'
+            assert r.exit_code == 2 and r.output.startswith(
+                f"pyggspec: {flags[0]}: not supported by pyggspec run (a llama-server flag"), \
+                r.output
+
+
+def test_llama_cpp_long_aliases(built):
+    _, c = built("serve", "--gpu-layers", "7", "--swa-checkpoints", "3", "--draft-p-min",
+                 "0.5", "--spec-type", "draft-mtp", "--predict", "9")
+    assert (c.n_gpu_layers, c.ctx_checkpoints, c.spec.p_min) == (7, 3, 0.5)
+    _, c = built("run", "--conversation", "--n-cpu-moe", "1")
+    assert len(c.override_tensor) == 1
+
+
+# --------------------------------------------------------------------------- sentinels
+@pytest.mark.parametrize("command", COMMANDS)
+def test_seed_minus_one_is_random(built, command):
+    assert built(command, "--seed", "-1")[1].sampling.seed == DEFAULT_SEED == 0xFFFFFFFF
+    assert built(command, "-s", "5")[1].sampling.seed == 5
+    assert built(command, "-s", "-2")[0].exit_code == 2
+
+
+def test_parallel_minus_one_is_auto(built):
+    assert built("serve", "-np", "-1")[1].n_parallel == 4  # llama-server: 4 slots
+    assert built("run", "-np", "-1")[1].n_parallel == 1  # llama-cli's default
+    for command in COMMANDS:
+        r, _ = built(command, "-np", "0")
+        assert r.exit_code == 2 and "0 is not a valid number" in r.output
+        assert built(command, "-np", "-2")[0].exit_code == 2
+
+
+def test_ctx_zero_is_the_training_context(built):
+    for command in COMMANDS:
+        assert built(command, "-c", "0")[1].n_ctx == 0
+        assert built(command, "-c", "-1")[0].exit_code == 2
+    hp = SimpleNamespace(n_ctx_train=32768)
+    assert planned_n_ctx(EngineConfig(n_ctx=0), hp) == 32768
+    assert planned_n_ctx(EngineConfig(n_ctx=1000), hp) == 1000
+    assert planned_n_ctx(EngineConfig(n_ctx=99999), hp) == 32768
+    with pytest.raises(ValueError):
+        EngineConfig(n_ctx=-1)
+
+
+def test_serve_n_predict_minus_two_is_until_the_context_is_full(built, monkeypatch):
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    class Engine:
+        n_ctx = 64
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    def create_app(engine, config, max_queue):
+        seen["config"] = config
+        raise Stop
+
+    from pyggspec.serving import server
+
+    monkeypatch.setattr(serve_mod, "engine_from_config", lambda p, c: Engine())
+    monkeypatch.setattr(server, "create_app", create_app)
+    for n, want in (("-2", None), ("-1", None), ("5", 5)):
+        r = CliRunner().invoke(main, ["serve", "-m", "x.gguf", "-n", n])
+        assert "Stop" in r.output and seen["config"].n_predict == want
+    r = CliRunner().invoke(main, ["serve", "-m", "x.gguf", "-n", "-3"])
+    assert r.exit_code == 2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    from pyggspec.testing import cached_model, tiny_dense
+
+    return cached_model(tiny_dense(dtype="f32", agreement=0.8, tied_embeddings=False),
+                        tmp_path_factory.mktemp("llama-flags"))
+
+
+@pytest.mark.parametrize("n", ["-1", "-2"])
+def test_run_n_negative_fills_the_context(tiny, n):
+    r = CliRunner().invoke(main, ["run", "-m", str(tiny), "--prompt-tokens", "1,2,3", "-c",
+                                  "40", "-n", n, "--ignore-eos", "--temp", "0", "--json",
+                                  "-dev", "none"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert len(out["tokens"]) == 40 - 3, {k: out[k] for k in out if k != "tokens"}
+
+
+def test_run_ctx_zero_runs_the_training_context(tiny):
+    from pyggspec.modelfile import open_model
+
+    with open_model(tiny) as model:
+        n_train = model.trunk.hparams.n_ctx_train
+    r = CliRunner().invoke(main, ["inspect", str(tiny), "--json", "-dev", "none", "-c", "0"])
+    if r.exit_code == 0:
+        assert str(n_train) in r.stdout
+    from pyggspec.engine import Engine
+
+    with Engine(tiny, n_ctx=0, device="none") as e:
+        assert e.n_ctx == n_train
+
+
+# --------------------------------------------------------------------------- serve extras
+def test_chat_template_names_and_text():
+    from pyggspec.cli.llama_flags import FlagRefused
+    from pyggspec.serving.http.chat import CHATML
+
+    assert serve_mod._chat_template("chatml", None) == CHATML
+    assert serve_mod._chat_template("{{ messages }}", None) == "{{ messages }}"
+    assert serve_mod._chat_template(None, None) is None
+    with pytest.raises(FlagRefused, match="--chat-template llama3: not supported"):
+        serve_mod._chat_template("llama3", None)
+
+
+def test_api_key_file(tmp_path):
+    from pyggspec.cli.llama_flags import FlagRefused
+
+    f = tmp_path / "keys"
+    f.write_text("# comment\nsekret\n")
+    assert serve_mod._api_key(None, f) == "sekret"
+    assert serve_mod._api_key("k", None) == "k"
+    f.write_text("a\nb\n")
+    with pytest.raises(FlagRefused):
+        serve_mod._api_key(None, f)
+
+
+def test_cors_origins():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    app = FastAPI()
+    app.get("/health")(lambda: {"status": "ok"})
+    serve_mod._add_cors(app, "http://a.example", None, None, None)
+    client = TestClient(app)
+    r = client.get("/health", headers={"Origin": "http://a.example"})
+    assert r.headers["access-control-allow-origin"] == "http://a.example"
+    r = client.get("/health", headers={"Origin": "http://b.example"})
+    assert "access-control-allow-origin" not in r.headers
+    bare = FastAPI()
+    serve_mod._add_cors(bare, None, None, None, None)
+    assert not bare.user_middleware
