@@ -172,8 +172,11 @@ def test_the_issue_examples(built):
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_garbage_is_still_a_usage_error(built, command):
+    """An unknown flag is a usage error (exit 2) in one line naming it."""
     r, _ = built(command, "--no-such-flag-at-all")
     assert r.exit_code == 2 and "No such option '--no-such-flag-at-all'" in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    assert r.output.startswith("pyggspec: ")
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -1,8 +1,8 @@
 """Command line: ``pyggspec run | serve | inspect | models | devices`` (thin; the work is in
 the library).
 
-Every :class:`PyggspecError` becomes one line on stderr and exit code 1; click's usage errors
-exit 2; anything else is reported as an internal error in one line (set ``PYGGSPEC_DEBUG=1``
+Every :class:`PyggspecError` becomes one line on stderr and exit code 1; a usage error (an
+unknown flag, a bad value) one line and exit code 2; anything else is reported as an internal error in one line (set ``PYGGSPEC_DEBUG=1``
 for the traceback).
 
 Layout: :mod:`~pyggspec.cli.common` defines every shared option once and turns their values
@@ -33,6 +33,10 @@ class _Group(click.Group):
         except PyggspecError as e:
             click.echo(_one_line(str(e)), err=True)
             ctx.exit(1)
+        except click.UsageError as e:  # a bad flag or value: one line, not click's usage
+            where = e.ctx.command_path if e.ctx is not None else "pyggspec"
+            click.echo(_one_line(f"pyggspec: {e.format_message()} (see {where} -h)"), err=True)
+            ctx.exit(2)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except KeyboardInterrupt:
