@@ -195,6 +195,8 @@ def inspect_mtp_only(path: str | os.PathLike, pair: str | os.PathLike | None = N
 
     with ModelFile.open(path) as mf:
         trunk = ModelFile.open(pair) if pair is not None else None
+        if n_ctx == 0:  # llama.cpp's -c 0: the training context
+            n_ctx = (trunk or mf).hparams.n_ctx_train or 4096
         try:
             r = describe_mtp_only(mf, trunk, n_ctx=n_ctx, n_parallel=n_parallel,
                                   type_k=type_k, type_v=type_v)

@@ -218,7 +218,8 @@ def test_mtp_errors_name_the_mtp_file(tiny):
 def test_usage_errors_exit_2(tiny):
     assert run("inspect", tiny("dense"), "-ngl", "lots").exit_code == 2
     assert run("inspect", tiny("dense"), "-ot", "nodevice").exit_code == 2
-    assert run("inspect", tiny("dense"), "--ctx", "0").exit_code == 2
+    # -c 0 is llama.cpp's "the training context" (tests/test_cli_llama_flags.py); below is not
+    assert run("inspect", tiny("dense"), "--ctx", "-1").exit_code == 2
     assert run("inspect").exit_code == 2
 
 

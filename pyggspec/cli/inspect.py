@@ -47,8 +47,9 @@ def _ggml_type(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.argument("file", type=click.Path(path_type=Path))
 @click.option("--mtp", "mtp_path", type=click.Path(path_type=Path),
               help="Separate MTP-only GGUF (mtp-*.gguf) to pair with FILE.")
-@click.option("-c", "--ctx", "n_ctx", type=click.IntRange(min=1), default=4096,
-              show_default=True, help="Context length per sequence for the memory estimate.")
+@click.option("-c", "--ctx", "n_ctx", type=click.IntRange(min=0), default=4096,
+              show_default=True, help="Context length per sequence for the memory estimate "
+                                      "(0: the model's training context, as llama.cpp).")
 @N_PARALLEL(help="Number of parallel sequences.")
 @NGL(help="Layers to offload (the MTP block and the output layer count as layers).")
 @DEVICE(metavar="NAME[,NAME]",
