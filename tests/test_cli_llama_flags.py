@@ -5,6 +5,7 @@ honoured, accepted without effect, or refused in one line (never "No such option
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -23,7 +24,12 @@ from pyggspec.memory.plan import planned_n_ctx
 from pyggspec.sampling.params import DEFAULT_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
-ARG_CPP = ROOT / ".gpu/build/src/llama.cpp-b11549/common/arg.cpp"
+# llama.cpp's flag definitions: b11549's (the newest, built by scripts/gpu_check or by hand)
+# and 0.3.36's (the sdist install.sh keeps in .cache/, so CI always has it)
+ARG_CPPS = {
+    "b11549": ROOT / ".gpu/build/src/llama.cpp-b11549/common/arg.cpp",
+    "0.3.36": ROOT / ".cache/llama-cpp-python-0.3.36/vendor/llama.cpp/common/arg.cpp",
+}
 COMMANDS = ("serve", "run")
 NEEDS = {"serve": [], "run": ["--prompt-tokens", "1,2"]}  # what a command needs to start
 
@@ -63,11 +69,12 @@ def _value(flag, i: int = 0) -> list[str]:
 
 
 # --------------------------------------------------------------------------- the table
-def _arg_cpp_flags() -> dict[str, set[str]]:
+@functools.cache
+def _arg_cpp_flags(source: str) -> dict[str, set[str]]:
     """Every flag name of llama.cpp's arg.cpp in the server (serve) and the cli and
     completion (run) examples: an option is in an example when it names it, or names
     LLAMA_EXAMPLE_COMMON (the default) and does not exclude it."""
-    src = ARG_CPP.read_text()
+    src = ARG_CPPS[source].read_text()
     starts = [m.end() for m in re.finditer(r"add_opt\(common_arg\(", src)]
     out: dict[str, set[str]] = {"serve": set(), "run": set()}
     for i, s in enumerate(starts):
@@ -92,10 +99,12 @@ def _arg_cpp_flags() -> dict[str, set[str]]:
     return out
 
 
-@pytest.mark.skipif(not ARG_CPP.exists(), reason="llama.cpp b11549 sources not built here")
+@pytest.mark.parametrize("source", list(ARG_CPPS))
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_llama_cpp_flag_has_a_status(command):
-    names = _arg_cpp_flags()[command]
+def test_every_llama_cpp_flag_has_a_status(command, source):
+    if not ARG_CPPS[source].exists():
+        pytest.skip(f"llama.cpp {source}'s arg.cpp is not here ({ARG_CPPS[source]})")
+    names = _arg_cpp_flags(source)[command]
     assert len(names) > 150
     missing = sorted(names - set(status_of(command)))
     assert not missing, missing
