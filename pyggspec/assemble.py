@@ -70,7 +70,6 @@ class Parts:
     drafter: Any = None
     memory: SlotMemory | None = None
     samplers: SequenceSamplers | None = None
-    policy: Any = None
     closers: list = field(default_factory=list)
 
     def close(self) -> None:
@@ -154,8 +153,8 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         if cfg.speculative:
             _init_mtp(p, kv_cells)
         p.memory = SlotMemory(p.kv, p.rs, p.mtp_kv)
-        if p.drafter is not None:
-            p.drafter.memory = p.memory
+        if cfg.speculative:
+            p.drafter = _make_drafter(p)
         # compute buffers at their worst case now, so they never grow while generating
         reserve_compute(p.compute, p.target, p.mtp)
         out_dev = get_device(p.placement.output_device)
@@ -227,9 +226,10 @@ def _choose_rollback(cfg: EngineConfig, hp, recr_devices: dict) -> str:
     if want in ("snapshot", "checkpoint"):
         return want
     per_plane = (hp.n_embd_r + hp.n_embd_s) * 4 * cfg.n_parallel
+    planes = graph_options(cfg, hp, "snapshot").planes
     need: dict[str, int] = {}
     for dev in recr_devices.values():
-        need[dev.name] = need.get(dev.name, 0) + per_plane * (cfg.spec.n_max + 3)
+        need[dev.name] = need.get(dev.name, 0) + per_plane * planes
     for name, n in need.items():
         dev = get_device(name)
         free, total = dev.memory()
@@ -253,7 +253,6 @@ def _add_draft_head(p: Parts, type_name: str) -> None:
 
 def _init_mtp(p: Parts, kv_cells: int) -> None:
     from pyggspec.models.mtp import Mtp, MtpWeights
-    from pyggspec.speculative.drafter import MtpDrafter
 
     cfg, hp = p.cfg, p.hp
     block = hp.n_layer
@@ -269,13 +268,21 @@ def _init_mtp(p: Parts, kv_cells: int) -> None:
                 draft_vocab=cfg.spec.draft_vocab)
     p.mtp.step_rows = p.step_rows
     p.closers.append(p.mtp)
-    head_dev = p.weights.device_of(w.head_name)
+
+
+def _make_drafter(p: Parts):
+    """The drafter over the MTP head, writing its cache lengths through the slots' memory."""
+    from pyggspec.models.mtp import MtpWeights
+    from pyggspec.speculative.drafter import MtpDrafter
+
+    cfg = p.cfg
+    head_dev = p.weights.device_of(MtpWeights(p.weights, p.hp.n_layer).head_name)
     chains_in_graph = cfg.draft_backend_sampling and graph_sampling(cfg.backend_sampling,
                                                                     head_dev.name)
-    p.drafter = MtpDrafter(p.mtp, None, hp.n_embd, cfg.spec.n_min, cfg.spec.p_min,
-                           coupled=cfg.spec.draft_sampling == "coupled", device=head_dev,
-                           backend_sampling=chains_in_graph,
-                           probabilistic=cfg.spec.draft_sampling == "probabilistic")
+    mode = cfg.spec.draft_sampling
+    return MtpDrafter(p.mtp, p.memory, p.hp.n_embd, cfg.spec.n_min, cfg.spec.p_min,
+                      coupled=mode == "coupled", device=head_dev,
+                      backend_sampling=chains_in_graph, probabilistic=mode == "probabilistic")
 
 
 def make_policy(worker, cfg: EngineConfig):

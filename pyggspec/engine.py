@@ -26,10 +26,8 @@ from typing_extensions import Self
 from pyggspec.assemble import Parts, assemble, make_policy
 from pyggspec.config import EngineConfig, SpecConfig
 from pyggspec.errors import PyggspecError
-from pyggspec.ggml.device import get_device
 from pyggspec.models.batch import StepResult
 from pyggspec.sampling import SamplingParams
-from pyggspec.sampling.session import SequenceSamplers
 from pyggspec.serving.request import (
     Event,
     Generation,
@@ -64,6 +62,7 @@ class Stream:
     def __init__(self, engine: Engine, handle: RequestHandle) -> None:
         self._engine = engine
         self._handle = handle
+        self._t0 = time.perf_counter()  # the call's start: its timings count from here
         self.result: Result | None = None
 
     def __iter__(self) -> Iterator[Piece]:
@@ -72,7 +71,7 @@ class Stream:
                 yield Piece(ev.tokens[0] if ev.tokens else -1, ev.text)
         finally:
             self._handle.cancel()
-        self.result = self._engine._collect([self._handle], time.perf_counter())[0]
+        self.result = self._engine._collect([self._handle], self._t0)[0]
 
 
 class Engine:
@@ -92,7 +91,7 @@ class Engine:
         try:
             self.worker = Worker(self._parts)
             if cfg.speculative and cfg.spec.adaptive:
-                self.worker.policy = self._parts.policy = make_policy(self.worker, cfg)
+                self.worker.policy = make_policy(self.worker, cfg)
             self.tokenizer = None
             if cfg.load_tokenizer:
                 from pyggspec.tokenizer import Tokenizer
@@ -299,13 +298,6 @@ class Engine:
         from pyggspec.serving.completion import create_chat_completion
 
         return create_chat_completion(self, messages, **kw)
-
-    def make_samplers(self, sampling: SamplingParams | None = None) -> SequenceSamplers:
-        """Fresh sampler chains for the slots, planned against the output device."""
-        out_dev = get_device(self.placement.output_device)
-        return SequenceSamplers(sampling or self.sampling, self.n_vocab, out_dev,
-                                self.backend_sampling, self.target.register_plan,
-                                output_split=self.placement.output_split)
 
     def device_report(self) -> dict:
         """What the devices could not do as asked: ops that ran on the CPU instead of the

@@ -56,7 +56,7 @@ class Worker:
         self.drafter = parts.drafter
         self.memory: SlotMemory = parts.memory
         self.samplers = parts.samplers
-        self.policy = parts.policy  # adaptive draft length (None: always the cap)
+        self.policy = None  # adaptive draft length (None: always the cap); Engine sets it
         self.n_ctx = parts.n_ctx
         self.n_vocab = parts.n_vocab
         self.n_ubatch = parts.cfg.n_ubatch

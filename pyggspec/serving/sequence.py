@@ -70,10 +70,6 @@ class Sequence:
     stop_word: str | None = None
     owner: Any = None  # what the scheduler keeps with it (handle, text stream, timings)
 
-    @property
-    def n_prompt(self) -> int:
-        return len(self.prompt)
-
     def room(self, n_ctx: int) -> int:
         """Tokens it may still emit (:func:`emit_room`)."""
         return emit_room(n_ctx, len(self.prompt) + len(self.out), self.max_tokens - len(self.out))

@@ -136,6 +136,7 @@ class MtpDrafter:
         self.mtp = mtp
         self.memory = memory  # the slots' memory: the one writer of the MTP cache length
         self.carry: dict[int, Carry] = {}  # per slot (absent: the owed pairs are unknown)
+        self._no_rows = np.zeros((0, n_embd), np.float32)  # a consumed carry's (never written)
         self.n_embd = n_embd
         self.n_min = n_min
         self.p_min = p_min
@@ -374,8 +375,7 @@ class MtpDrafter:
                                      is_stop))
         out = self.draft(reqs, chains)
         for r in reqs:
-            self.carry[r.slot] = Carry(r.pos0 + len(r.tokens), (),
-                                       np.zeros((0, self.n_embd), np.float32))
+            self.carry[r.slot] = Carry(r.pos0 + len(r.tokens), (), self._no_rows)
         return out
 
     def after_verify(self, slot: int, committed: list[int], hidden: np.ndarray) -> None:
