@@ -101,6 +101,25 @@ CHECKPOINT_MIN_STEP = Opt("--checkpoint-min-step", "checkpoint_min_step",
                           type=click.IntRange(min=1), default=512, show_default=True,
                           help="Least prompt tokens between two checkpoints (one is also "
                                "saved at each prompt's end).")
+# the engine options run and serve both add in this order, after their own -c/-np/-b/-ub
+PLACEMENT_OPTIONS = (N_THREADS, NGL, DEVICE, OVERRIDES, CPU_MOE, N_CPU_MOE, TYPE_K, TYPE_V, RPC,
+                     NO_MMAP, NO_REPACK)
+
+
+def placement_options(**changes: Mapping[str, Any]) -> Callable[[F], F]:
+    """Add :data:`PLACEMENT_OPTIONS` to a click command, in that order; ``changes`` maps an
+    option's dest to its attributes for this command (``rpc={"help": ...}``)."""
+    unknown = set(changes) - {o.dest for o in PLACEMENT_OPTIONS}
+    if unknown:
+        raise TypeError(f"not placement options: {', '.join(sorted(unknown))}")
+
+    def deco(fn: F) -> F:
+        for opt in reversed(PLACEMENT_OPTIONS):
+            fn = opt(**changes.get(opt.dest, {}))(fn)
+        return fn
+
+    return deco
+
 
 # ---------------------------------------------------------------------------- speculation
 SPEC_TYPE = Opt("--spec-type", "spec_type", type=click.Choice(["none", "draft-mtp"]),

@@ -15,27 +15,17 @@ import click
 from pyggspec.cli.common import (
     CHECKPOINT_MIN_STEP,
     CONTEXT_SETTINGS,
-    CPU_MOE,
     CTX_CHECKPOINTS,
-    DEVICE,
     MODEL,
     N_BATCH,
-    N_CPU_MOE,
     N_CTX,
     N_PARALLEL,
-    N_THREADS,
     N_UBATCH,
-    NGL,
-    NO_MMAP,
-    NO_REPACK,
-    OVERRIDES,
-    RPC,
-    TYPE_K,
-    TYPE_V,
     add_rpc_servers,
     engine_config,
     engine_from_config,
     fmt_bytes,
+    placement_options,
     sampling_options,
     spec_options,
 )
@@ -106,17 +96,7 @@ def _spec_lines(stats: dict) -> list[str]:
 @N_PARALLEL()
 @N_BATCH()
 @N_UBATCH()
-@N_THREADS()
-@NGL()
-@DEVICE()
-@OVERRIDES()
-@CPU_MOE()
-@N_CPU_MOE()
-@TYPE_K()
-@TYPE_V()
-@RPC()
-@NO_MMAP()
-@NO_REPACK()
+@placement_options()
 @click.option("--ignore-eos", is_flag=True, help="Keep generating past end-of-generation.")
 @spec_options
 @CTX_CHECKPOINTS()

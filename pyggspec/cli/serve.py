@@ -16,26 +16,16 @@ import click
 from pyggspec.cli.common import (
     CHECKPOINT_MIN_STEP,
     CONTEXT_SETTINGS,
-    CPU_MOE,
     CTX_CHECKPOINTS,
-    DEVICE,
     MODEL,
     N_BATCH,
-    N_CPU_MOE,
     N_CTX,
     N_PARALLEL,
-    N_THREADS,
     N_UBATCH,
-    NGL,
-    NO_MMAP,
-    NO_REPACK,
-    OVERRIDES,
-    RPC,
-    TYPE_K,
-    TYPE_V,
     add_rpc_servers,
     engine_config,
     engine_from_config,
+    placement_options,
     sampling_options,
     spec_options,
 )
@@ -129,17 +119,8 @@ def _add_cors(app, origins: str | None, methods: str | None, headers: str | None
               "-2: until end of generation or the context is full).")
 @N_BATCH(help="Logical batch (prompt chunk per sequence).")
 @N_UBATCH(help="Physical batch (capped at -b).")
-@N_THREADS()
-@NGL()
-@DEVICE()
-@OVERRIDES()
-@CPU_MOE()
-@N_CPU_MOE()
-@TYPE_K()
-@TYPE_V()
-@RPC(help="Add remote ggml RPC servers as devices.")
-@NO_MMAP()
-@NO_REPACK(help="Keep CPU weights as stored.")
+@placement_options(rpc={"help": "Add remote ggml RPC servers as devices."},
+                   no_repack={"help": "Keep CPU weights as stored."})
 @spec_options
 @CTX_CHECKPOINTS()
 @CHECKPOINT_MIN_STEP("-cms", help="Prompt tokens between two checkpoints.")
