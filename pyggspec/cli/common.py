@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 import click
 
-from pyggspec.config import EngineConfig, SpecConfig
+from pyggspec.config import DRAFT_SAMPLING as DRAFT_SAMPLINGS
+from pyggspec.config import ROLLBACKS, EngineConfig, SpecConfig
 from pyggspec.sampling.params import (
     DEFAULT_SAMPLERS,
     DEFAULT_SEED,
@@ -142,7 +143,7 @@ DRAFT_ADAPTIVE = Opt("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive
                      help="Choose each step's draft length from measured acceptance and costs "
                           "(--spec-draft-n-max the cap), or always draft n_max.")
 DRAFT_SAMPLING = Opt("--spec-draft-sampling", "draft_sampling",
-                     type=click.Choice(["coupled", "greedy", "probabilistic"]),
+                     type=click.Choice(DRAFT_SAMPLINGS),
                      default="coupled", show_default=True,
                      help="With --temp > 0: draw each draft through the sequence's own sampler "
                           "chain with the noise the target will use for that token (coupled: "
@@ -158,7 +159,7 @@ DRAFT_VOCAB = Opt("--spec-draft-vocab", "draft_vocab", type=click.IntRange(min=0
                   help="Draft over the first N token ids only (0: all); the LM head dominates "
                        "a draft step. Not with --spec-draft-p-min.")
 ROLLBACK = Opt("--spec-rollback", "rollback",
-               type=click.Choice(["auto", "snapshot", "checkpoint"]), default="auto",
+               type=click.Choice(ROLLBACKS), default="auto",
                show_default=True, help="Recurrent-state rollback after partial acceptance.")
 MTP_TYPE_K = Opt("-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", "mtp_type_k",
                  default="f16", show_default=True, help="MTP head KV cache type (K).")
