@@ -27,6 +27,12 @@ TEXTS = [
 ]
 
 
+def _python(code: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``code`` run by a fresh Python process (output captured as text, 120 s at most)."""
+    return subprocess.run([sys.executable, "-c", code], input=stdin, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
 @pytest.fixture(scope="session")
 def paths(models) -> dict[str, Path]:
     _, mtp = models.split("dense", dtype="q8_0")
@@ -78,8 +84,7 @@ def llama_ids(paths) -> dict[str, list[list[int]]]:
         "print(json.dumps({t: [m.tokenize(t.encode(), add_bos=True, special=s)\n"
         "                      for s in (True, False)] for t in texts}))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], input=json.dumps(TEXTS),
-                       capture_output=True, text=True, timeout=120, check=False)
+    r = _python(code, stdin=json.dumps(TEXTS))
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -170,8 +175,7 @@ def test_ggml_log_callback_survives(paths):
         f"t.Tokenizer({str(paths['full'])!r}).close()\n"
         "assert t._get_log(base)[0].value == before, 'ggml log callback replaced'\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       check=False)
+    r = _python(code)
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
 
@@ -194,6 +198,5 @@ def test_load_ignores_a_dead_rpc_device(paths):
         f"with Tokenizer({str(paths['full'])!r}) as t:\n"
         "    assert t.tokenize('hi', add_special=False)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       check=False)
+    r = _python(code)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
