@@ -8,7 +8,6 @@ the module; requests are a few tokens long.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from pyggspec.serving.http.chat import CHATML, ChatTemplate
 from pyggspec.serving.http.model_info import ftype_name
 from pyggspec.serving.http.template_caps import probe_caps
 from pyggspec.serving.server import ServerConfig, create_app
+from tests.test_server import sse_data
 
 N_CTX = 256
 SAMPLING = SamplingParams(temp=0.0, top_k=7, top_p=0.9, min_p=0.02, repeat_penalty=1.1,
@@ -48,11 +48,6 @@ def http(engine, model_path):
                                           sampling=SAMPLING, n_predict=48))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
-
-
-def sse(lines) -> list:
-    return [line[6:] if line[6:] == "[DONE]" else json.loads(line[6:])
-            for line in lines if line.startswith("data: ")]
 
 
 # ---------------------------------------------------------------------------- 1. errors
@@ -116,7 +111,7 @@ def test_no_field_value_is_a_500(http):
 def _stream(http, path, body) -> list:
     with http.stream("POST", path, json={**body, "stream": True}) as r:
         assert r.status_code == 200
-        return sse(r.iter_lines())
+        return sse_data(r.iter_lines())
 
 
 def test_completions_stream_final_chunk_has_usage(http):
