@@ -57,7 +57,7 @@ def _run_probe() -> int:
     from pyggspec.ggml.context import Context
     from pyggspec.ggml.device import cpu_device
     from pyggspec.ggml.dtypes import GGMLType
-    from pyggspec.ggml.repack import alloc_for_context, extra_buffer_types, supports_weight
+    from pyggspec.ggml.repack import extra_buffer_types, supports_weight
     from pyggspec.ggml.sched import Graph
 
     dev = cpu_device()
@@ -77,10 +77,9 @@ def _run_probe() -> int:
             blocks[:, off:off + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
         with Context(4) as wctx, Context(8, graph_size=16) as ctx:
             w = wctx.new_tensor(t, (K, N), "w")
-            buf = alloc_for_context(wctx, amx)
-            if buf is None:
+            wbuf = Buffer.in_buffer_type(wctx, amx, dev, "amx probe")
+            if wbuf is None:
                 return 5
-            wbuf = Buffer(buf, dev, "amx probe")
             w.set(blocks.tobytes())
             x = ctx.new_tensor(GGMLType.F32, (K, M), "x")
             y = ctx.mul_mat(w, x)

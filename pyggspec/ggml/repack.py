@@ -93,14 +93,3 @@ def supports_weight(dev: Device, buft: BufferType, type_: GGMLType | int,
     _supported[key] = ok
     return ok
 
-
-def alloc_for_context(ctx: Context, buft: BufferType):
-    """Allocate every tensor of ``ctx`` in one buffer of ``buft``; the raw buffer pointer,
-    or None when ggml could not allocate it."""
-    lib, ffi = _lib.lib, _lib.ffi
-    ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx.ptr, buft.ptr)
-    return None if ptr == ffi.NULL else ptr
-
-
-def alloc_size(ctx: Context, buft: BufferType) -> int:
-    return int(_lib.lib.ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.ptr, buft.ptr))
