@@ -36,10 +36,8 @@ def device_infos() -> tuple[list[Any] | None, str]:
     device list to the CPU.
     """
     try:
-        try:
-            from pyggspec.ggml.device import list_devices
-        except ModuleNotFoundError:
-            from pyggspec.ggml.devices import list_devices  # type: ignore[no-redef]
+        from pyggspec.ggml.device import list_devices
+
         return list(list_devices()), ""
     except PyggspecError as e:
         return None, e.message
