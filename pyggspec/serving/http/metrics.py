@@ -230,7 +230,6 @@ class ServeMetrics:
         out.extend(extra)
         return out
 
-
     def llamacpp_families(self, *, busy_slots: int, queued: int, n_decode: int,
                           n_busy_slots_decoded: int) -> list[Metric]:
         """llama-server's ``/metrics`` series (render with ``prefix="llamacpp:"``): its
