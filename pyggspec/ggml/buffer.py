@@ -46,8 +46,7 @@ class Buffer:
         if ptr == ffi.NULL:
             raise DeviceError(device.name, f"could not allocate {need} bytes for {label or 'buffer'}")
         buf = cls(ptr, device, label)
-        if usage:
-            lib.ggml_backend_buffer_set_usage(ptr, usage)
+        buf.set_usage(usage)
         return buf
 
     @classmethod
@@ -61,8 +60,7 @@ class Buffer:
         if ptr == _lib.ffi.NULL:
             raise DeviceError(device.name, "could not create a placeholder buffer")
         buf = cls(ptr, device, label or "placeholder")
-        if usage:
-            _lib.lib.ggml_backend_buffer_set_usage(ptr, usage)
+        buf.set_usage(usage)
         return buf
 
     @classmethod
