@@ -166,7 +166,6 @@ class TargetGraph:
         self.ctx.close()
 
 
-
 class Target(GraphRunner):
     """Runs trunk ubatches on a scheduler, reusing graphs by shape."""
 

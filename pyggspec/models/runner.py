@@ -83,7 +83,6 @@ class GraphRunner:
         self.compute_ms_total = 0.0  # device time of all steps (graph compute)
         self.build_ms_total = 0.0  # graph builds and (re)allocations
 
-
     def register_plan(self, plan) -> int:
         """An id for a sampling plan whose device part graphs of this runner append (a
         ``UBatch.sampling`` / ``MtpBatch.sampling`` value). Plans with equal ``plan.key``
@@ -94,6 +93,7 @@ class GraphRunner:
             pid = self._plan_ids[plan.key] = len(self.plans) + 1
             self.plans[pid] = plan
         return pid
+
     def sched_for(self, shape: Hashable) -> BackendScheduler:
         """The scheduler that runs ``shape``'s graph (see the class docstring)."""
         if not self.sched.multi_backend or shape.n_seq_tokens > self.step_rows:  # type: ignore[attr-defined]
