@@ -62,7 +62,7 @@ class SpecConfig:
                                 "--spec-draft-p-min: p_min needs the full-vocabulary softmax")
 
 
-def _check_kv_type(flag: str, t: str) -> None:
+def check_kv_type(flag: str, t: str) -> None:
     """A KV cache type ggml cannot store is a one-line error naming its flag."""
     if str(t).lower() not in KV_TYPES:
         raise ConfigError(flag, f"unsupported KV cache type {t!r} ({', '.join(KV_TYPES)})")
@@ -113,7 +113,7 @@ class EngineConfig:
             raise ConfigError("-t", f"must be >= 1, got {self.n_threads}")
         for flag, t in (("-ctk", self.type_k), ("-ctv", self.type_v),
                         ("-ctkd", self.mtp_type_k), ("-ctvd", self.mtp_type_v)):
-            _check_kv_type(flag, t)
+            check_kv_type(flag, t)
         if self.ctx_checkpoints < 0 or self.checkpoint_min_step < 1:
             raise ConfigError("--ctx-checkpoints", "need ctx_checkpoints >= 0 and "
                                 "checkpoint_min_step >= 1")

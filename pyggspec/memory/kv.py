@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyggspec.errors import PyggspecError
+from pyggspec.config import check_kv_type
 from pyggspec.ggml.device import Device
 from pyggspec.ggml.dtypes import GGMLType
 from pyggspec.ggml.tensor import Tensor
 from pyggspec.memory._alloc import LayerMemory, LayerTensors
-
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
 class KVCache(LayerMemory):
@@ -29,8 +27,7 @@ class KVCache(LayerMemory):
                  n_ctx: int, n_slots: int, type_k: str = "f16", type_v: str = "f16",
                  label: str = "kv") -> None:
         for t, flag in ((type_k, "-ctk"), (type_v, "-ctv")):
-            if t.lower() not in KV_TYPES:
-                raise PyggspecError(flag, f"unsupported KV cache type {t!r} ({', '.join(KV_TYPES)})")
+            check_kv_type(flag, t)
         self.n_ctx = n_ctx
         self.n_slots = n_slots
         self.type_k = GGMLType.parse(type_k)
