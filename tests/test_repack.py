@@ -44,13 +44,14 @@ def repack_expected(dtype: str) -> bool:
 
 
 def held_to_llamacpp(path, rp: bool, ours: np.ndarray, toks: list[int], n: int,
-                     prompt=None) -> None:
+                     prompt=None, bound: float = 1e-4) -> None:
     """Repacked and plain kernels sum in different orders, so each mode is held to
     llama.cpp's own logits in the same mode, bit for bit (the difference between our modes
     is then exactly ggml's on this host). llama.cpp repacks into every extra buffer type,
     AMX included: where ggml lists AMX but the probe saw it fail, our repacking (without
     AMX) has no llama.cpp twin, and the bound is the measured rounding of a different
-    summation order instead."""
+    summation order instead (``bound``: 1e-4, as the test this replaced had between
+    repacked and plain; 1e-3 where that test had it: MoE routers, the tied head)."""
     names = [b.name for b in extra_buffer_types(cpu_device())]
     twin = not rp or "AMX" not in names or amx_probe.amx_usable()[0]
     ref, ref_toks = oracle_greedy(path, PROMPT if prompt is None else prompt, n,
@@ -59,7 +60,7 @@ def held_to_llamacpp(path, rp: bool, ours: np.ndarray, toks: list[int], n: int,
     if twin:
         assert np.array_equal(ours, ref), rel_err(ours, ref)
     else:
-        assert rel_err(ours, ref) <= 1e-3
+        assert rel_err(ours, ref) <= bound
 
 
 def greedy(engine, prompt, n):
@@ -112,7 +113,7 @@ def test_moe_experts_repacked_and_equal(models, make_engine):
         assert any("_exps" in k for k in out[True][1])  # MUL_MAT_ID weights too
     assert out[True][0][1] == out[False][0][1]
     for rp, ((logits, toks), _) in out.items():
-        held_to_llamacpp(path, rp, logits, toks, 12)
+        held_to_llamacpp(path, rp, logits, toks, 12, bound=1e-3)
 
 
 def test_tied_head_gets_its_own_repacked_copy(models, make_engine):
@@ -127,7 +128,7 @@ def test_tied_head_gets_its_own_repacked_copy(models, make_engine):
             a, toks_a = greedy(e, PROMPT[:8], 2)
             b, toks_b = greedy(p, PROMPT[:8], 2)
     for rp, logits, toks in ((True, a, toks_a), (False, b, toks_b)):
-        held_to_llamacpp(path, rp, logits, toks, 2, PROMPT[:8])
+        held_to_llamacpp(path, rp, logits, toks, 2, PROMPT[:8], bound=1e-3)
 
 
 def test_repacked_matches_llamacpp(models, make_engine):
