@@ -49,6 +49,8 @@ class DeviceSampling:
         self._grid: N.Grid | None = None  # the noise's id grid (dist in the graph)
         self._bound = False
         self._arrays: dict[str, np.ndarray] = {}
+        self._sig: tuple = ()  # the plan's chain structure, that every row's chain must have
+        self._in_bytes = self._out_bytes = 0  # host bytes pushed / pulled per step
 
     # building
     @classmethod
@@ -58,6 +60,7 @@ class DeviceSampling:
         (rows grouped by sequence, ``rows_per_seq`` each). The logits tensor is not modified."""
         self = cls()
         self.plan = plan
+        self._sig = tuple(s.signature() for s in plan.stages)
         self.rows_per_seq = rows_per_seq
         if stats is not None:
             self.stats = stats
@@ -150,6 +153,8 @@ class DeviceSampling:
             shape = (t.ne[0],) if name == "token" else (t.ne[1], t.ne[0])  # [row, ...]
             arr = np.zeros(shape, dtype=np.int32 if t.type.name == "I32" else np.float32)
             self._out[name] = HostBinding(t, arr)
+        self._in_bytes = sum(hb.array.nbytes for hb in self._in)
+        self._out_bytes = sum(hb.array.nbytes for hb in self._out.values())
         self._bound = True
         self.stats.buffer_bytes = sum(self.buffer_bytes.values())
 
@@ -163,7 +168,7 @@ class DeviceSampling:
             raise ValueError(f"{len(rows)} rows for a graph with {plan.n_rows}")
         if not self._bound:
             self._bind()
-        sig = tuple(s.signature() for s in plan.stages)
+        sig = self._sig
         V = plan.n_vocab
         grid = self._grid
         a = self._arrays
@@ -191,7 +196,7 @@ class DeviceSampling:
                     a["noise_b2"][r] = k.b2
         for hb in self._in:
             hb.push()
-        self.stats.bytes_h2d += sum(hb.array.nbytes for hb in self._in)
+        self.stats.bytes_h2d += self._in_bytes
 
     def _set_penalties(self, r: int, st: S.Penalties, rc: S.RowCtx) -> None:
         a, n, V = self._arrays, st.last_n, self.plan.n_vocab
@@ -248,7 +253,7 @@ class DeviceSampling:
                 else:
                     cand = self._candidates(r, pulled)
                 out[r] = run_host(ri.chain.stages[n_dev:], cand, ri.chain.row(ri.prefix))
-        self.stats.bytes_d2h += sum(hb.array.nbytes for hb in self._out.values())
+        self.stats.bytes_d2h += self._out_bytes
         self.stats.tokens += len(rows)
         return out
 
