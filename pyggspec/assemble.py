@@ -286,12 +286,14 @@ def _make_drafter(p: Parts):
 
 
 def make_policy(worker, cfg: EngineConfig):
-    """Adaptive draft length: costs measured now on this device (one sequence of every
-    row count a verify batch can have), refined by every step afterwards."""
-    from pyggspec.speculative.adaptive import DraftLengthPolicy, calibrate
+    """The draft-length budget: costs measured now on this device (one sequence of every
+    row count a verify batch can have), refined by every step afterwards; the drafter
+    reports the head's confidence in every draft to it."""
+    from pyggspec.speculative.adaptive import DraftBudget, calibrate
 
     n_max = cfg.spec.n_max
     rows = {padded_rows(t, B) * B for B in range(1, cfg.n_parallel + 1)
             for t in range(1, n_max + 2)}
     costs = calibrate(worker, sorted(rows))
-    return DraftLengthPolicy(n_max, costs, padded_rows)
+    worker.drafter.confidence = True
+    return DraftBudget(n_max, costs, padded_rows)

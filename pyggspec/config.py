@@ -35,9 +35,11 @@ class SpecConfig:
     rollback: str = "auto"  # --spec-rollback: auto | snapshot | checkpoint
     draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
     draft_head: str = ""  # --spec-draft-head: ggml type of a draft-only LM head copy ("": none)
-    # draft length chosen per step from measured acceptance and costs (n_max the cap):
-    # --spec-draft-adaptive. Off by default until it beats a fixed n_max (docs/benchmarks.md)
-    adaptive: bool = False
+    # draft lengths chosen per step from the head's confidence and measured costs (n_max
+    # the cap): --spec-draft-adaptive (None: the default, on) / --spec-draft-fixed (False)
+    adaptive: bool | None = None
+    # drafted tokens generated at start-up to seed the acceptance calibration (0: none)
+    calibrate_tokens: int = 32
     # --spec-draft-sampling: "coupled" draws drafts of sampling chains through the chain with
     # the target's noise for that token; "greedy" takes the head's argmax (llama.cpp);
     # "probabilistic" draws them from the head's top 10 and verifies by p/q rejection
@@ -55,11 +57,19 @@ class SpecConfig:
                                 f"(got n_min={self.n_min}, n_max={self.n_max})")
         if not 0.0 <= self.p_min <= 1.0:
             raise ConfigError("--spec-draft-p-min", f"must be in [0, 1], got {self.p_min}")
+        if self.calibrate_tokens < 0:
+            raise ConfigError(None, f"calibrate_tokens must be >= 0, got {self.calibrate_tokens}")
         if self.draft_vocab < 0:
             raise ConfigError("--spec-draft-vocab", f"must be >= 0, got {self.draft_vocab}")
         if self.draft_vocab and self.p_min > 0:
             raise ConfigError("--spec-draft-vocab", "cannot be combined with "
                                 "--spec-draft-p-min: p_min needs the full-vocabulary softmax")
+
+
+    @property
+    def calibrated(self) -> bool:
+        """Draft lengths from the calibrated budget (the default) rather than fixed."""
+        return self.adaptive is not False
 
 
 def check_kv_type(flag: str, t: str) -> None:

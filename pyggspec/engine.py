@@ -43,6 +43,10 @@ from pyggspec.worker import Worker
 
 __all__ = ["Engine", "EngineConfig", "Generation", "Piece", "Result", "SpecConfig", "Stream"]
 
+# the start-up calibration's prompt (any ordinary text: the head's confidence is scored on
+# what the model generates after it)
+CALIBRATION_TEXT = "The history of the city begins in the early years of the century, when"
+
 log = logging.getLogger("pyggspec.engine")
 
 
@@ -90,7 +94,7 @@ class Engine:
         self._parts: Parts = assemble(self.model_path, cfg)
         try:
             self.worker = Worker(self._parts)
-            if cfg.speculative and cfg.spec.adaptive:
+            if cfg.speculative and cfg.spec.calibrated:
                 self.worker.policy = make_policy(self.worker, cfg)
             self.tokenizer = None
             if cfg.load_tokenizer:
@@ -98,17 +102,41 @@ class Engine:
 
                 self.tokenizer = Tokenizer(self.model_path)
                 self._parts.closers.append(self.tokenizer)
-            for s in range(cfg.n_parallel):
-                self.worker.clear(s)
             self.scheduler = Scheduler(
                 self.worker, SchedulerLimits(
                     self.n_ctx, self.n_vocab, cfg.n_parallel, cfg.n_ubatch, cfg.n_batch,
                     cfg.speculative, cfg.spec.n_max, cfg.ctx_checkpoints,
                     cfg.checkpoint_min_step),
                 self.tokenizer, self.memory)
+            if self.worker.policy is not None and cfg.spec.calibrate_tokens:
+                self._calibrate_acceptance(cfg.spec.calibrate_tokens)
+            for s in range(cfg.n_parallel):
+                self.worker.clear(s)
         except BaseException:
             self._parts.close()
             raise
+
+    def _calibrate_acceptance(self, n: int) -> None:
+        """Seed the draft-length budget's acceptance model: ``n`` tokens generated (greedy)
+        from a fixed prompt, drafting to the cap and verifying every draft, so every
+        confidence the head shows is scored once before the first request. Nothing of it
+        stays: the slot is cleared and the engine's counts start at zero."""
+        policy = self.worker.policy
+        if self.tokenizer is not None:
+            prompt = self.tokenizer.tokenize(CALIBRATION_TEXT)[:16] or [0]
+        else:
+            prompt = [(7 + 13 * i) % self.n_vocab for i in range(8)]
+        n = min(n, self.n_ctx - len(prompt) - self.spec.n_max - 1)
+        if n <= 0:
+            return
+        policy.forced = True
+        try:
+            self.generate(prompt, max_tokens=n, ignore_eos=True,
+                          sampling=SamplingParams(temp=0.0))
+        finally:
+            policy.forced = False
+            policy.reset_counts()
+            self.scheduler.stats = SpecStats()
 
     # --- the step ----------------------------------------------------------------------------
     def step(self) -> bool:

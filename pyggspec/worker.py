@@ -5,13 +5,14 @@ It returns what the target chose and never decides that a sequence is finished (
 scheduler's update does). One speculative step (:meth:`Worker._speculative`), as small
 functions with plain inputs and outputs::
 
-    caps = self._draft_lengths(items)             # the scheduler's caps (policy: lowered)
+    caps = self._draft_lengths(items)             # the scheduler's caps (budget: or 0)
     drafts = self._draft(items, caps)             # MTP: owed pairs + pending, then drafts
+                                                  # (the budget gates each one: confidence)
     ub = self._verify_batch(items, drafts)        # [pending, d1..dk] per sequence, padded
     choose = self._verify(ub)                     # one target graph: choose(b, i)
     for each sequence b:
         choices, n, stop = accept(drafts[b], choose, is_stop)  # pure (speculative/verify)
-        self._accepted(...)                        # chains, drafter, policy learn
+        self._accepted(...)                        # chains, drafter, budget learn
         self._commit(slot, [pending, *drafts[b][:n]], planes)  # SlotMemory (or replay)
         self.drafter.after_verify(slot, committed, hidden)     # the MTP carry-over
 
@@ -56,7 +57,9 @@ class Worker:
         self.drafter = parts.drafter
         self.memory: SlotMemory = parts.memory
         self.samplers = parts.samplers
-        self.policy = None  # adaptive draft length (None: always the cap); Engine sets it
+        # the draft-length budget (speculative.adaptive.DraftBudget; None: fixed lengths,
+        # always the cap); the Engine sets it
+        self.policy = None
         self.n_ctx = parts.n_ctx
         self.n_vocab = parts.n_vocab
         self.n_ubatch = parts.cfg.n_ubatch
@@ -160,7 +163,7 @@ class Worker:
     def _speculative(self, items: list[DecodeItem], out: StepOutput) -> None:
         """Draft -> verify -> accept -> commit for every sequence, in one batch each."""
         t_step = time.perf_counter()
-        caps, chosen, drafting = self._draft_lengths(items)
+        caps, budget, drafting = self._draft_lengths(items)
         drafts, n_mtp = self._draft(items, caps, drafting)
         dtoks = [drafts[it.slot].tokens if it.slot in drafts else [] for it in items]
         qs = {it.slot: drafts[it.slot].q for it in items
@@ -190,9 +193,11 @@ class Worker:
         if replay:
             self.decode(replay, logits="last")
             out.target_evals += len({len(t) for t in replay.values()})
-        if chosen is not None:  # the policy learns what whole steps of this length cost
-            self.policy.observe_step(len(caps), chosen + 1,
-                                     (time.perf_counter() - t_step) * 1000)
+        if budget:  # the budget learns what whole steps of this length cost and yield
+            T = max((len(d) for d in dtoks), default=0) + 1
+            self.policy.observe_step(len(items), T, (time.perf_counter() - t_step) * 1000,
+                                     sum(len(out.seqs[it.slot].tokens) for it in items
+                                         if it.slot in out.seqs))
 
     def _draft(self, items: list[DecodeItem], caps: dict[int, int], drafting: set[int],
                ) -> tuple[dict, int]:
@@ -201,10 +206,10 @@ class Worker:
         before, ms0 = self.mtp.n_evals, self.mtp.compute_ms_total
         drafts = self.drafter.draft_slots(
             [(it.slot, it.pending, caps[it.slot], it.is_stop) for it in items
-             if it.slot in drafting], self.samplers.chains)
+             if it.slot in drafting], self.samplers.chains, self.policy)
         n_mtp = self.mtp.n_evals - before
         if self.policy is not None and n_mtp and any(caps[s] > 0 for s in drafting):
-            self.policy.costs.observe("mtp", len(drafting), 1,
+            self.policy.observe("mtp", len(drafting), 1,
                                       (self.mtp.compute_ms_total - ms0) / n_mtp)
         return drafts, n_mtp
 
@@ -217,7 +222,7 @@ class Worker:
         ms0 = self.target.compute_ms_total
         res = self.target.run(ub, copy=False)
         if self.policy is not None:
-            self.policy.costs.observe("verify", B, T, self.target.compute_ms_total - ms0)
+            self.policy.observe("verify", B, T, self.target.compute_ms_total - ms0)
         hidden = res.hidden.reshape(B, T, -1)
         if res.ids is not None:
             ids = res.ids.reshape(B, T)
@@ -249,8 +254,8 @@ class Worker:
             self.drafter.observe(it.slot, draft, emitted[0])  # coupled draw vs argmax
         for t in emitted:
             self.samplers.accept(it.slot, t)
-        if self.policy is not None and it.spec and d:
-            self.policy.record(it.slot, len(d), min(n, len(d)))
+        if self.policy is not None and it.spec and d and draft is not None:
+            self.policy.record(it.slot, draft.probs, min(n, len(d)))
 
     def _commit(self, slot: int, committed: list[int], planes: list[int], T: int) -> bool:
         """Commit the pending token and the accepted drafts; False when the recurrent
@@ -265,26 +270,33 @@ class Worker:
         return True
 
     def _draft_lengths(self, items: list[DecodeItem],
-                       ) -> tuple[dict[int, int], int | None, set[int]]:
-        """Per speculating slot its draft count (the scheduler's cap, lowered by the
-        adaptive policy to one length for the batch), the policy's choice, and the slots
-        that draft this step (a slot the policy gives nothing keeps its pairs owed while
+                       ) -> tuple[dict[int, int], bool, set[int]]:
+        """Per speculating slot its most drafts (the scheduler's cap; 0 when the budget
+        finds that drafting cannot pay this step), whether the budget decides, and the
+        slots that draft this step (one the budget gives nothing keeps its pairs owed while
         they are few: the MTP head rests)."""
         caps = {it.slot: it.n_draft for it in items if it.spec}
         policy = self.policy
-        chosen = None
-        if policy is not None and caps:
-            for it in items:
-                if it.spec:
-                    policy.bind(it.slot, it.seq_id)
-            chosen = policy.choose(list(caps), list(caps.values()))
-            caps = {slot: min(c, chosen) for slot, c in caps.items()}
-        drafting = set(caps)
-        if policy is not None:
-            n_max = self.spec.n_max
-            carry = self.drafter.carry
-            drafting = {s for s, c in caps.items() if c > 0 or len(carry[s].tokens) + 1 > n_max}
-        return caps, chosen, drafting
+        if policy is None or not caps:
+            return caps, False, set(caps)
+        slots = list(caps)
+        k = policy.plan(slots, list(caps.values()), [self._regime(s) for s in slots])
+        caps = {slot: min(c, k) for slot, c in caps.items()}
+        n_max, carry = self.spec.n_max, self.drafter.carry
+        drafting = {s for s, c in caps.items() if c > 0 or len(carry[s].tokens) + 1 > n_max}
+        return caps, True, drafting
+
+    def _regime(self, slot: int) -> str:
+        """How ``slot`` drafts against its chain (the acceptance model keeps one table per
+        regime): greedy, or the draft rule at the chain's temperature."""
+        ch = self.samplers.chains.get(slot)
+        if ch is None or ch.stages[-1].name != "dist":
+            return "greedy"
+        mode = self.spec.draft_sampling
+        if mode == "coupled":
+            c = self.drafter.choices.get(slot)
+            mode = "coupled" if c is not None and c.use_coupled else "argmax"
+        return f"{mode}@{ch.params.temp:g}"
 
     def _verify_batch(self, items: list[DecodeItem], dtoks: list[list[int]],
                       host: bool = False) -> tuple[UBatch, list[list[int]], list | None]:

@@ -1,4 +1,5 @@
-"""The adaptive draft-length policy (pure: acceptance counts and costs in, a length out)."""
+"""The draft-length budget (pure: confidences, acceptance and costs in, lengths out) and the
+confidence-calibrated acceptance model; then both in the engine."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import random
 import pytest
 
 from pyggspec.models.batch import padded_rows
-from pyggspec.speculative.adaptive import CostModel, DraftLengthPolicy
+from pyggspec.speculative.adaptive import CostModel, DraftBudget
+from pyggspec.speculative.calibration import EDGES, AcceptanceModel, conf_bin
 
 
 def costs(step: float, per_row: float, mtp: float, B: int = 1, T_max: int = 6) -> CostModel:
@@ -20,77 +22,99 @@ def costs(step: float, per_row: float, mtp: float, B: int = 1, T_max: int = 6) -
     return c
 
 
-def trained(policy: DraftLengthPolicy, slot: int, rate: float, steps: int = 400) -> None:
-    """Feed ``steps`` verify outcomes where each draft is accepted with ``rate`` (seeded)."""
-    rng = random.Random(slot)
-    for _ in range(steps):
-        n = 0
-        while n < policy.n_max and rng.random() < rate:
-            n += 1
-        policy.record(slot, policy.n_max, n)
+def learnt(model: AcceptanceModel, regime: str, pairs, reps: int = 50) -> AcceptanceModel:
+    """``pairs`` of (confidence, acceptance rate) recorded ``reps`` times each (seeded)."""
+    rng = random.Random(0)
+    for _ in range(reps):
+        for conf, rate in pairs:
+            for pos in range(3):
+                model.record(regime, pos, conf, rng.random() < rate)
+    return model
 
 
-def test_expected_tokens():
-    assert DraftLengthPolicy.expected([0.5, 0.5, 0.5], 3) == pytest.approx(0.5 + 0.25 + 0.125)
-    assert DraftLengthPolicy.expected([1.0, 1.0], 2) == 2.0
-    assert DraftLengthPolicy.expected([0.9], 0) == 0.0
+def test_acceptance_model_prior_learning_and_report():
+    m = AcceptanceModel()
+    assert m.predict("greedy", 0, 0.99) == pytest.approx((0.98 + 0.995) / 2)  # the head's word
+    assert m.mean("greedy", 0) is None
+    learnt(m, "greedy", [(0.99, 1.0), (0.35, 0.0)])
+    assert m.predict("greedy", 0, 0.99) > 0.97 and m.predict("greedy", 2, 0.36) < 0.05
+    assert m.predict("coupled@0.8", 0, 0.35) == pytest.approx(0.35)  # another regime: prior
+    assert m.mean("greedy", 0) == pytest.approx(0.5)
+    m.record("greedy", 0, 0.5, True, predicted=0.25)
+    rows = {tuple(r["conf"]): r for r in m.report()["greedy"]}
+    assert rows[(0.5, 0.6)] == {"conf": [0.5, 0.6], "n": 1, "predicted": 0.25, "observed": 1.0}
+    assert rows[(0.98, 0.995)]["observed"] == 1.0 and rows[(0.98, 0.995)]["predicted"] is None
+    assert conf_bin(-1) == 0 and conf_bin(1.0) == conf_bin(2.0) == len(EDGES) - 2
 
 
-def test_record_counts_only_positions_that_were_tried():
-    p = DraftLengthPolicy(3, CostModel(), padded_rows)
-    p.start(0)
-    for _ in range(50):
-        p.record(0, 3, 1)  # first accepted, second rejected, third never judged
-    r = p.rates(0)
-    assert r[0] > 0.9 and r[1] < 0.1
-    assert r[2] == pytest.approx(r[1], abs=0.01)  # never judged: like the position before
+def budget(c: CostModel, n_max: int = 3, model: AcceptanceModel | None = None,
+           explore: int = 0) -> DraftBudget:
+    return DraftBudget(n_max, c, padded_rows, model, explore_every=explore,
+                       idle_explore_every=explore)
 
 
-def test_high_acceptance_drafts_to_the_cap_low_drafts_nothing():
-    c = costs(step=100, per_row=15, mtp=30)
-    hi = DraftLengthPolicy(4, c, padded_rows, explore_every=0)
-    trained(hi, 0, 0.95)
-    assert hi.choose([0], [4]) >= 3  # 4 drafts = 5 rows, padded to 6: 3 pays more here
-    lo = DraftLengthPolicy(4, c, padded_rows, explore_every=0)
-    trained(lo, 0, 0.15)
-    assert lo.choose([0], [4]) == 0
-    mid = DraftLengthPolicy(4, c, padded_rows, explore_every=0)
-    trained(mid, 0, 0.6)
-    k = mid.choose([0], [4])
-    assert 1 <= k <= 2
+def run_step(b: DraftBudget, confs: list[float], slot: int = 0) -> int:
+    """One sequence's step with the head showing ``confs`` per draft: the drafts kept."""
+    k = b.plan([slot], [b.n_max], ["greedy"])
+    kept = 0
+    for j in range(k):
+        keep, more = b.decide(j, [slot], [confs[j]])[0]
+        kept += keep
+        if not (keep and more):
+            break
+    return kept
 
 
-def test_caps_and_unmeasured_costs():
-    p = DraftLengthPolicy(4, CostModel(), padded_rows)
-    assert p.choose([0], [2]) == 2  # nothing measured yet: the cap
-    assert p.choose([0], [0]) == 0
-    assert p.choose([], []) == 0
+def test_confident_drafts_are_verified_hesitant_ones_are_not():
+    c = costs(step=100, per_row=15, mtp=10)
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.98), (0.5, 0.5), (0.15, 0.05)])
+    b = budget(c, model=m)
+    assert run_step(b, [0.99, 0.99, 0.99]) == 3
+    assert run_step(b, [0.99, 0.15, 0.99]) == 1  # the hesitant second draft is dropped
+    assert run_step(b, [0.15, 0.99, 0.99]) == 0
+    assert run_step(b, [0.99, 0.5, 0.99]) >= 1
 
 
-def test_compute_bound_batches_draft_less():
-    """When verify rows cost nearly a full step each (a big batch on a small CPU), the same
-    acceptance drafts less than with cheap rows."""
-    cheap = DraftLengthPolicy(3, costs(100, 5, 20, B=4), padded_rows, explore_every=0)
-    dear = DraftLengthPolicy(3, costs(100, 90, 20, B=4), padded_rows, explore_every=0)
-    for p in (cheap, dear):
-        for s in range(4):
-            trained(p, s, 0.7)
-    assert dear.choose([0, 1, 2, 3], [3] * 4) < cheap.choose([0, 1, 2, 3], [3] * 4)
-    assert dear.choose([0, 1, 2, 3], [3] * 4) == 0
+def test_no_drafting_where_it_cannot_pay():
+    """Dear verify rows and a poor head: plan() drafts nothing (and now and then, when
+    exploring, one step does); a good head on the same costs drafts."""
+    c = costs(step=100, per_row=40, mtp=30)
+    poor = budget(c, model=learnt(AcceptanceModel(), "greedy", [(0.5, 0.3)]))
+    assert poor.plan([0], [3], ["greedy"]) == 0 and poor.declined == 1
+    good = budget(c, model=learnt(AcceptanceModel(), "greedy", [(0.99, 1.0)]))
+    assert good.plan([0], [3], ["greedy"]) == 3
+    exploring = budget(c, model=learnt(AcceptanceModel(), "greedy", [(0.5, 0.3)]), explore=4)
+    picks = [exploring.plan([0], [3], ["greedy"]) for _ in range(8)]
+    assert picks.count(3) == 2 and picks.count(0) == 6
+    assert budget(CostModel()).plan([0], [2], ["greedy"]) == 2  # nothing measured: draft
+    assert good.plan([0], [0], ["greedy"]) == 0 and good.plan([], [], []) == 0
 
 
-def test_per_sequence_rates_and_exploration():
-    c = costs(step=100, per_row=15, mtp=30)
-    p = DraftLengthPolicy(3, c, padded_rows, explore_every=4)
-    trained(p, 0, 0.1)
-    trained(p, 1, 0.97)
-    assert p.rates(1)[0] > 0.9 and p.rates(0)[0] < 0.2
-    picks = [p.choose([0], [3]) for _ in range(8)]
-    assert picks.count(1) == 2 and picks.count(0) == 6  # every 4th step tries one more
-    q = DraftLengthPolicy(3, c, padded_rows, explore_every=1)
-    trained(q, 0, 0.97)
-    assert sorted({q.choose([0], [3]) for _ in range(8)}) == [2, 3]  # and sometimes one less
-    assert sum(p.chosen) == 8 and p.to_dict()["chosen_lengths"][1] == 2
+def test_batch_spends_the_verify_row_where_acceptance_is_predicted():
+    """One verify shape for the batch: a row that costs a whole step is worth it only when
+    the sequences' expected tokens together pay for it."""
+    c = costs(step=100, per_row=40, mtp=5, B=2)
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.25, 0.2)])
+    b = budget(c, model=m)
+    assert b.plan([0, 1], [3, 3], ["greedy"] * 2) == 3
+    assert b.decide(0, [0, 1], [0.99, 0.99]) == [(True, True)] * 2
+    b.plan([0, 1], [3, 3], ["greedy"] * 2)
+    assert b.decide(0, [0, 1], [0.25, 0.25]) == [(False, False)] * 2
+    b.plan([0, 1], [3, 3], ["greedy"] * 2)
+    assert b.decide(0, [0, 1], [0.99, 0.25])[0][0]  # one confident sequence pays the row
+
+
+def test_forced_keeps_everything_and_records_predictions():
+    b = budget(costs(step=100, per_row=90, mtp=30))
+    b.forced = True
+    assert run_step(b, [0.01, 0.01, 0.01]) == 3
+    b.record(0, [0.01, 0.01, 0.01], 1)  # first accepted, second rejected, third not judged
+    rows = b.acceptance.report()["greedy"]
+    assert rows == [{"conf": [0.0, 0.05], "n": 2, "predicted": 0.025, "observed": 0.5}]
+    b.observe_step(1, 4, 50.0, 2)
+    assert b.to_dict()["chosen_lengths"] == [0, 0, 0, 1]
+    b.reset_counts()
+    assert b.to_dict()["chosen_lengths"] == [0, 0, 0, 0] and b.acceptance.mean("greedy", 0) == 1
 
 
 def test_cost_model_median_and_row_estimates():

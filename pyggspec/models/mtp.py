@@ -66,7 +66,7 @@ class MtpResult:
     probs: np.ndarray  # float32 [n_out]: its probability (softmax over the full vocabulary)
     hidden: np.ndarray  # float32 [n_out, n_embd]: the head's post-norm hidden of those rows
     logits: np.ndarray | None = None  # float32 [n_out, n_vocab], host-argmax path only
-    sampled: bool = False  # ids were drawn by the rows' sampler chains (probs not computed)
+    sampled: bool = False  # ids were drawn by the rows' sampler chains (probs: the argmax's)
     argmax: np.ndarray | None = None  # int32 [n_out]: the head's argmax, beside sampled ids
     argmax_probs: np.ndarray | None = None  # its softmax probability (host draws, p_min > 0)
 
@@ -201,16 +201,17 @@ class MtpGraph:
                 self.logits = logits.set_output()
                 graph.expand(logits)
                 self.sampling = plan.build(ctx, graph, logits, 1)
-                self.ids = b.cb(ctx.argmax(logits), "mtp_argmax").set_output()
+                ids = b.cb(ctx.argmax(logits), "mtp_argmax")
+                self.ids = ids.set_output()
+                # the head's confidence (its argmax's probability): the draft-length budget's
+                # measure, whichever token the chain drew
+                self.top = self._top_prob(b, ctx, logits, ids, shape.n_outputs).set_output()
                 graph.expand(self.ids)
+                graph.expand(self.top)
             elif shape.device_argmax:
                 ids = b.cb(ctx.argmax(logits), "mtp_argmax")
-                probs = ctx.soft_max_ext(logits, None, 1.0)
-                n_vocab = logits.ne[0]
-                top = ctx.get_rows(ctx.reshape(probs, (1, n_vocab, shape.n_outputs)),
-                                   ctx.reshape(ids, (1, shape.n_outputs)))
                 self.ids = ids.set_output()
-                self.top = b.cb(ctx.reshape(top, (shape.n_outputs,)), "mtp_top_prob").set_output()
+                self.top = self._top_prob(b, ctx, logits, ids, shape.n_outputs).set_output()
                 self.logits = None
                 graph.expand(self.ids)
                 graph.expand(self.top)
@@ -222,6 +223,14 @@ class MtpGraph:
             ctx.close()
             raise
         self._finish(shape, n, n_embd)
+
+    @staticmethod
+    def _top_prob(b, ctx: Context, logits: Tensor, ids: Tensor, n_out: int) -> Tensor:
+        """[n_out]: each row's softmax probability (temperature 1) of its argmax ``ids``."""
+        probs = ctx.soft_max_ext(logits, None, 1.0)
+        top = ctx.get_rows(ctx.reshape(probs, (1, logits.ne[0], n_out)),
+                           ctx.reshape(ids, (1, n_out)))
+        return b.cb(ctx.reshape(top, (n_out,)), "mtp_top_prob")
 
     def _finish(self, shape: MtpShape, n: int, n_embd: int) -> None:
         self._tokens = np.zeros(n, np.int32)
@@ -246,7 +255,7 @@ class MtpGraph:
         self._outs = [HostBinding(self.h_out, self._h_out)]
         if self.sampling is not None:
             self._logits_out = HostBinding(self.logits, self._logits)  # read on a failure only
-            self._outs.append(HostBinding(self.ids, self._ids))
+            self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
         elif self.ids is not None:
             self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
         else:
@@ -276,8 +285,8 @@ class MtpGraph:
             except Exception:  # noqa: BLE001 - the drafter redraws these rows on the host
                 self._logits_out.pull()
                 return MtpResult(None, None, self._h_out.copy(), self._logits.copy())
-            return MtpResult(ids, self._top, self._h_out.copy(), sampled=True,
-                             argmax=self._ids.copy())
+            return MtpResult(ids, self._top.copy(), self._h_out.copy(), sampled=True,
+                             argmax=self._ids.copy(), argmax_probs=self._top.copy())
         if self.ids is None:  # host argmax + full-vocabulary softmax probability
             lg = self._logits
             ids = lg.argmax(axis=1).astype(np.int32)

@@ -1,27 +1,32 @@
-"""Adaptive draft length: how many tokens to draft this step, from measured acceptance and
-measured costs on this device at this batch size.
+"""Draft lengths chosen per step from the draft head's confidence and measured costs.
 
-A verify step with ``T`` rows per sequence (the pending token and ``T - 1`` drafts) emits,
-for sequence ``b``, ``1 + E_b(T - 1)`` tokens in expectation, where
+Speculation pays only when a draft's expected tokens are worth what it costs, and both
+sides move: acceptance with the content, the head's confidence in *this* draft, the
+temperature; costs with the device, the quantization and the batch size. So nothing here
+is a fixed length (``--spec-draft-n-max`` is only the cap):
 
-    E_b(k) = sum_{j=1..k} prod_{i=1..j} a_b(i)
+* **whether to draft** this step (:meth:`DraftBudget.plan`): when no length, with the
+  acceptance observed so far per position, is predicted to beat a step that drafts
+  nothing, the step drafts nothing and the MTP head rests (its owed pairs are written
+  later in one batch); every ``idle_explore_every`` declined steps one drafts anyway, so
+  a change in the content is noticed;
+* **which drafts to verify** (:meth:`DraftBudget.decide`, the drafter's gate after every
+  MTP run): each draft's acceptance is predicted from the head's confidence in it and its
+  position by :class:`~pyggspec.speculative.calibration.AcceptanceModel` (calibrated
+  online across requests and sequences); a sequence's expected tokens from draft ``j`` are
+  the chance that it and every draft before it survive. Draft ``j`` goes into the verify
+  batch when its expected tokens, summed over the batch (one verify shape for all: the
+  budget goes where acceptance is predicted highest), beat the rate for the verify row it
+  adds; one more is drafted when the next one's expected tokens beat the rate for an MTP
+  run and a verify row.
 
-and ``a_b(i)`` is the probability that draft ``i`` is accepted given that the drafts before
-it were (per sequence, estimated from its own counts, shrunk towards the counts of all
-sequences). The step costs ``verify(B, T)`` plus the MTP runs that made the drafts: the
-catch-up batch yields the first draft, each further draft is one more one-row run. With
-``T = 1`` nothing is drafted and the MTP head is not run at all (its new pairs wait for
-the next drafting step, whose catch-up batch takes them in one go). The policy picks the
-``T`` with the most expected tokens per millisecond for the whole batch (every sequence
-shares the verify shape, so lengths are chosen jointly).
-
-Costs are milliseconds of graph compute, measured: :func:`calibrate` times the shapes at
-warm-up, and every step feeds its own timings back (the median of the recent ones, so a
-step slowed by another process does not swing the choice), so the model follows the
-machine (thermal drift, a GPU vs the CPU).
-
-Positions the policy stops drafting would never be measured again, so every
-``explore_every`` steps it tries one row more than its choice.
+The rate is what steps of this batch size achieve lately, at least plain decoding's (a
+draft below the running tokens-per-ms average lowers it). Costs are milliseconds,
+measured: :func:`calibrate` times the shapes at start-up, and every step feeds its own
+timings back (the median of the recent ones, so a step slowed by another process does not
+swing the choice), so the model follows the machine (thermal drift, a GPU vs the CPU).
+Every ``explore_every`` drafting steps one draft past the budget's stop is verified, so
+confidence bins and positions it would skip stay measured.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-PRIOR_WEIGHT = 8.0  # pseudo-counts of the all-sequence rates in a sequence's estimate
-PRIOR_RATE = 0.5  # acceptance assumed before anything is measured
+from pyggspec.speculative.calibration import AcceptanceModel
+
+RATE_DECAY = 0.95  # weight of the old average in the realized rate (about 20 steps)
 RECENT = 9  # observations per shape whose median is its cost
 
 
@@ -60,7 +66,9 @@ class CostModel:
             if key in self.ms:  # a calibrated value counts as one observation
                 q.append(self.ms[key])
         q.append(ms)
-        self.ms[key] = statistics.median(q)
+        # the median once there are three (one slow step, e.g. the first run of a new graph,
+        # is then outvoted); before, the fastest (a mean of two would keep half the outlier)
+        self.ms[key] = statistics.median(q) if len(q) >= 3 else min(q)
 
     def estimate(self, kind: str, B: int, T: int) -> float | None:
         """The measured cost; else interpolated over rows (B * T) between one-sequence
@@ -93,77 +101,40 @@ class CostModel:
         return {f"{k}:{b}x{t}": round(v, 3) for (k, b, t), v in sorted(self.ms.items())}
 
 
-@dataclass
-class _Counts:
-    drafted: list[float]
-    accepted: list[float]
+class DraftBudget:
+    """Draft lengths from the head's confidence: decides, per step and per batch, whether
+    to draft at all, and after every MTP run whether the drafts it made go into the verify
+    batch and whether to draft one more.
 
-    @classmethod
-    def zeros(cls, n: int) -> _Counts:
-        return cls([0.0] * n, [0.0] * n)
-
-
-class DraftLengthPolicy:
-    """Chooses the verify rows ``T`` (drafts = ``T - 1``) for a batch of sequences."""
+    It is the drafter's gate (:meth:`decide`) and learns from every verify step
+    (:meth:`record`, :meth:`observe_step`). Kept by the engine for its lifetime.
+    """
 
     def __init__(self, n_max: int, costs: CostModel, pad: Callable[[int, int], int],
-                 explore_every: int = 4) -> None:
+                 acceptance: AcceptanceModel | None = None, explore_every: int = 8,
+                 idle_explore_every: int = 32) -> None:
         self.n_max = n_max
         self.costs = costs
         self.pad = pad  # rows the verify graph really runs for (T, B)
-        self.explore_every = explore_every
-        self._all = _Counts.zeros(n_max)
-        self._seq: dict[int, _Counts] = {}
-        self._owner: dict[int, object] = {}  # slot -> the sequence its counts belong to
-        self._steps = 0
-        self.chosen: list[int] = [0] * (n_max + 1)  # histogram of chosen draft lengths
+        self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+        self.explore_every = explore_every  # drafting steps between two that go one deeper
+        self.idle_explore_every = idle_explore_every  # declined steps between two that draft
+        self.forced = False  # draft to the cap, keep everything (startup calibration)
+        self.chosen: list[int] = [0] * (n_max + 1)  # verify steps by drafts kept (the batch's)
+        self.declined = 0  # steps that drafted nothing because drafting could not pay
+        self._rate: dict[int, float] = {}  # realized tokens/ms per batch size (EMA)
+        self._n_drafting = 0
+        self._n_idle = 0
+        # the current step: per slot its regime, the survival of its drafts so far and the
+        # acceptance predicted for each
+        self._B = 0
+        self._regime: dict[int, str] = {}
+        self._surv: dict[int, float] = {}
+        self._pred: dict[int, list[float]] = {}
+        self._explore = False
+        self._kept = 0
 
-    # -- acceptance --------------------------------------------------------------------------
-    def start(self, slot: int) -> None:
-        """A new request in ``slot``: its own counts start from nothing."""
-        self._seq[slot] = _Counts.zeros(self.n_max)
-
-    def bind(self, slot: int, owner: object) -> None:
-        """``owner`` (a sequence object) is in ``slot``: a different one starts afresh."""
-        if self._owner.get(slot) != owner:
-            self._owner[slot] = owner
-            self.start(slot)
-
-    def record(self, slot: int, k: int, n: int) -> None:
-        """``k`` drafts were verified for ``slot`` and the first ``n`` accepted."""
-        c = self._seq.setdefault(slot, _Counts.zeros(self.n_max))
-        for i in range(min(k, n + 1)):  # positions past the first rejection say nothing
-            ok = 1.0 if i < n else 0.0
-            c.drafted[i] += 1
-            c.accepted[i] += ok
-            self._all.drafted[i] += 1
-            self._all.accepted[i] += ok
-
-    def rates(self, slot: int) -> list[float]:
-        """Estimated conditional acceptance per draft position for ``slot``: its own counts
-        shrunk towards all sequences' counts, which are shrunk towards the position before
-        (a position rarely drafted yet is assumed to go about as well as the one before)."""
-        c = self._seq.get(slot) or _Counts.zeros(self.n_max)
-        out = []
-        before = PRIOR_RATE
-        for i in range(self.n_max):
-            d, a = self._all.drafted[i], self._all.accepted[i]
-            prior = (a + 4 * before) / (d + 4)
-            r = (c.accepted[i] + PRIOR_WEIGHT * prior) / (c.drafted[i] + PRIOR_WEIGHT)
-            out.append(r)
-            before = r
-        return out
-
-    @staticmethod
-    def expected(rates: Sequence[float], k: int) -> float:
-        """Expected accepted drafts out of ``k``."""
-        total, p = 0.0, 1.0
-        for i in range(k):
-            p *= rates[i]
-            total += p
-        return total
-
-    # -- choice ------------------------------------------------------------------------------
+    # -- costs -------------------------------------------------------------------------------
     def modeled_cost(self, B: int, T: int) -> float | None:
         """Graph compute of a step with ``T`` verify rows per sequence."""
         verify = self.costs.estimate("verify", B, self.pad(T, B))
@@ -190,44 +161,152 @@ class DraftLengthPolicy:
                   if k == "step" and b == B and (m := self.modeled_cost(b, t))]
         return model * (statistics.median(ratios) if ratios else 1.0)
 
-    def observe_step(self, B: int, T: int, wall_ms: float) -> None:
-        """A whole step with ``T`` verify rows per sequence took ``wall_ms``."""
-        self.costs.observe("step", B, T, wall_ms)
+    def _verify_step(self, B: int, T: int) -> float | None:
+        """The verify part of a step with ``T`` rows (its MTP runs taken out)."""
+        whole = self.step_cost(B, T)
+        mtp = self.costs.estimate("mtp", B, 1)
+        if whole is None or (T > 1 and mtp is None):
+            return None
+        return whole - (T - 1) * (mtp or 0.0)
 
-    def choose(self, slots: Sequence[int], caps: Sequence[int]) -> int:
-        """Drafts per sequence for this step (every sequence drafts up to this many, each
-        at most its ``cap``): the length with the most expected tokens per millisecond.
-        Without measured costs yet, the cap (``n_max``)."""
+    def plain_rate(self, B: int) -> float | None:
+        """Tokens per ms of a step that drafts nothing."""
+        c = self.step_cost(B, 1)
+        return B / c if c else None
+
+    def rate(self, B: int) -> float:
+        """The rate a draft must beat: what steps of this batch size achieve (an average
+        of the recent ones), at least plain decoding's. A draft whose expected tokens per
+        ms are below it lowers the average (Dinkelbach's rule for the best ratio)."""
+        return max(self.plain_rate(B) or 0.0, self._rate.get(B, 0.0))
+
+    # -- per step ----------------------------------------------------------------------------
+    def plan(self, slots: Sequence[int], caps: Sequence[int], regimes: Sequence[str]) -> int:
+        """Most drafts per sequence this step: the cap, or 0 when no draft length is
+        predicted to beat plain decoding (the head's mean acceptance per position,
+        before any confidence is known). Drafting now and then anyway keeps it measured."""
         B = len(slots)
+        self._B = B
+        self._regime = dict(zip(slots, regimes))
+        self._surv = dict.fromkeys(slots, 1.0)
+        self._pred = {s: [] for s in slots}
+        self._kept = 0
         limit = min(self.n_max, max(caps, default=0))
         if B == 0 or limit <= 0:
             return 0
-        rates = [self.rates(s) for s in slots]
-        best_k, best = limit, -1.0
-        for k in range(limit + 1):
+        self._explore = False
+        if self.forced:
+            return limit
+        if not self._pays(B, limit, caps, regimes):
+            self._n_idle += 1
+            if not self.idle_explore_every or self._n_idle % self.idle_explore_every:
+                self.declined += 1
+                return 0
+        self._n_drafting += 1
+        self._explore = bool(self.explore_every) and self._n_drafting % self.explore_every == 0
+        return limit
+
+    def _pays(self, B: int, limit: int, caps: Sequence[int], regimes: Sequence[str]) -> bool:
+        plain = self.plain_rate(B)
+        if plain is None:
+            return True  # nothing measured: draft (and measure)
+        for k in range(1, limit + 1):
             cost = self.step_cost(B, k + 1)
             if cost is None:
-                return self._count(limit)
-            tokens = sum(1 + self.expected(r, min(k, c)) for r, c in zip(rates, caps))
-            if tokens / cost > best * (1 + 1e-9):
-                best_k, best = k, tokens / cost
-        self._steps += 1
-        if self.explore_every and self._steps % self.explore_every == 0:
-            # now and then a neighbouring length, so its cost and acceptance stay measured:
-            # mostly one more (a deeper position is learnt only by drafting it), sometimes
-            # one less (its cost is what the choice compares against)
-            down = (self._steps // self.explore_every) % 4 == 0 and best_k > 0
-            best_k = best_k - 1 if down else min(limit, best_k + 1)
-        return self._count(best_k)
+                return True
+            tokens = B
+            for r, c in zip(regimes, caps):
+                p = 1.0
+                for i in range(min(k, c)):
+                    m = self.acceptance.mean(r, i)
+                    p *= 1.0 if m is None else m  # unseen: optimistic, so it gets measured
+                    tokens += p
+            if tokens / cost > plain:
+                return True
+        return False
 
-    def _count(self, k: int) -> int:
-        self.chosen[k] += 1
-        return k
+    def decide(self, j: int, slots: Sequence[int], confs: Sequence[float],
+               ) -> list[tuple[bool, bool]]:
+        """The drafter's gate after an MTP run: draft ``j`` (0-based) of each of ``slots``
+        with the head's confidence in it. Per slot (keep it, draft one more).
+
+        Draft ``j`` goes into the verify batch when the tokens it is expected to add
+        (over the batch: each sequence's chance that it and every draft before it are
+        accepted) beat the rate for the verify row it costs; one more is drafted when the
+        next draft's expected tokens beat the rate for its MTP run and verify row (its
+        acceptance predicted from this confidence at the next position)."""
+        B = self._B or len(slots)
+        acc = self.acceptance
+        surv = []
+        for s, c in zip(slots, confs):
+            a = acc.predict(self._regime.get(s, "greedy"), j, c)
+            self._pred.setdefault(s, []).append(a)
+            surv.append(self._surv.get(s, 1.0) * a)
+        if self.forced:
+            for s, p in zip(slots, surv):
+                self._surv[s] = p
+            self._kept = j + 1
+            return [(True, True)] * len(slots)
+        R = self.rate(B)
+        v0, v1 = self._verify_step(B, j + 1), self._verify_step(B, j + 2)
+        keep = v0 is None or v1 is None or sum(surv) > R * max(v1 - v0, 0.0)
+        if not keep and not self._explore:
+            for s in slots:
+                self._pred[s].pop()
+            return [(False, False)] * len(slots)
+        self._kept = j + 1
+        for s, p in zip(slots, surv):
+            self._surv[s] = p
+        nxt = [p * acc.predict(self._regime.get(s, "greedy"), j + 1, c)
+               for s, p, c in zip(slots, surv, confs)]
+        v2 = self._verify_step(B, j + 3)
+        mtp = self.costs.estimate("mtp", B, 1)
+        more = (v1 is None or v2 is None or mtp is None
+                or sum(nxt) > R * (mtp + max(v2 - v1, 0.0)))
+        if not keep or not more:  # exploring past where the budget would stop: once
+            if self._explore:
+                self._explore = False
+                return [(True, True)] * len(slots)
+            return [(True, False)] * len(slots)
+        return [(True, True)] * len(slots)
+
+    def record(self, slot: int, confs: Sequence[float], n: int) -> None:
+        """``slot``'s drafts (their confidences) were verified; the first ``n`` accepted.
+        Positions past the first rejection were never judged and teach nothing."""
+        pred = self._pred.get(slot, [])
+        regime = self._regime.get(slot, "greedy")
+        for i in range(min(len(confs), n + 1)):
+            self.acceptance.record(regime, i, confs[i], i < n,
+                                   pred[i] if i < len(pred) else None)
+
+    def observe(self, kind: str, B: int, T: int, ms: float) -> None:
+        """A graph run of ``kind`` ("verify", "mtp") took ``ms`` of compute."""
+        self.costs.observe(kind, B, T, ms)
+
+    def observe_step(self, B: int, T: int, wall_ms: float, tokens: int) -> None:
+        """A whole step with ``T`` verify rows per sequence took ``wall_ms`` and emitted
+        ``tokens`` over the batch."""
+        self.costs.observe("step", B, T, wall_ms)
+        self.chosen[min(T - 1, self.n_max)] += 1
+        cost = self.step_cost(B, T)  # this shape's typical wall time: one slow step is noise
+        if cost:
+            r = tokens / cost
+            old = self._rate.get(B)
+            self._rate[B] = r if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * r
+
+    def reset_counts(self) -> None:
+        """Forget the lengths chosen and the rates seen (after the start-up calibration,
+        whose steps drafted to the cap); costs and the acceptance model stay."""
+        self.chosen = [0] * (self.n_max + 1)
+        self.declined = 0
+        self._rate.clear()
+        self._n_drafting = self._n_idle = 0
 
     def to_dict(self) -> dict:
-        return {"chosen_lengths": list(self.chosen), "costs_ms": self.costs.to_dict(),
-                "rates_all": [round(a / d, 4) if d else None for a, d in
-                              zip(self._all.accepted, self._all.drafted)]}
+        return {"chosen_lengths": list(self.chosen), "declined_steps": self.declined,
+                "costs_ms": self.costs.to_dict(),
+                "rate_tokens_per_ms": {str(b): round(r, 5) for b, r in sorted(self._rate.items())},
+                "calibration": self.acceptance.report()}
 
 
 def calibrate(engine, rows: Sequence[int], slot: int = 0, reps: int = 2) -> CostModel:

@@ -38,8 +38,9 @@ the carry, so a slot resumed from one drafts from the right pairs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -79,6 +80,14 @@ class Carry:
             return Carry(self.pos0, tuple(tokens), np.array(hidden, np.float32))
         return Carry(self.pos0, self.tokens + tuple(tokens),
                      np.concatenate([self.hidden, hidden]))
+
+
+class DraftGate(Protocol):
+    """Decides after each MTP run: draft ``j`` (0-based) of every still-drafting slot,
+    with the head's confidence in it -> per slot (keep it, draft one more)."""
+
+    def decide(self, j: int, slots: Sequence[int], confs: Sequence[float],
+               ) -> list[tuple[bool, bool]]: ...
 
 
 @dataclass
@@ -149,6 +158,9 @@ class MtpDrafter:
         self.choices: dict[int, DraftChoice] = {}  # per slot
         self.n_coupled = 0  # drafts made by coupled draws / by the argmax (stats)
         self.n_argmax = 0
+        # every draft's probs carry the head's confidence (its argmax's softmax probability;
+        # a probabilistic draft's q probability): the draft-length budget reads them
+        self.confidence = False
 
     def observe(self, slot: int, draft: Draft, target: int) -> None:
         """The target's token at the first draft position: updates the slot's choice."""
@@ -225,13 +237,13 @@ class MtpDrafter:
             amax = res.ids if res.ids is not None else lg.argmax(axis=1).astype(np.int32)
             ids = amax.copy()
             probs, amax_probs = np.ones(len(rows), np.float32), None
-            if self.p_min > 0:  # argmax rows: the head's softmax; draws: the chain's
+            if self.p_min > 0 or self.confidence:  # the head's softmax of its argmax
                 amax_probs = argmax_probability(lg)
                 probs = amax_probs.copy()
             for i, (ch, pre) in enumerate(rows):
                 if ch is not None:
                     ids[i] = sample_host(ch, lg[i], pre)
-                    if amax_probs is not None:
+                    if self.p_min > 0:  # p_min compares the chain's probability of a draw
                         probs[i] = chain_probability(ch, lg[i], pre, int(ids[i]))
             res = MtpResult(ids, probs, res.hidden, lg, sampled=True, argmax=amax,
                             argmax_probs=amax_probs)
@@ -269,9 +281,11 @@ class MtpDrafter:
         return ids, probs
 
     def draft(self, reqs: list[DraftRequest],
-              chains: Mapping[int, SamplerChain] | None = None) -> dict[int, Draft]:
+              chains: Mapping[int, SamplerChain] | None = None,
+              gate: DraftGate | None = None) -> dict[int, Draft]:
         """Write the new pairs of every request into the MTP cache and draft after them.
-        ``chains`` (slot -> sampler chain) enables coupled drafts for sampling chains."""
+        ``chains`` (slot -> sampler chain) enables coupled drafts for sampling chains;
+        ``gate`` decides after every MTP run which drafts are kept and which go on."""
         out = {r.slot: Draft() for r in reqs}
         if not reqs:
             return out
@@ -317,17 +331,24 @@ class MtpDrafter:
         step = 0
         while live:
             nxt = []
-            for b, row in live:
+            verdicts = (gate.decide(step, [reqs[b].slot for b, _ in live],
+                                    [float(probs[row]) for _, row in live])
+                        if gate is not None else None)
+            for i, (b, row) in enumerate(live):
                 r = reqs[b]
                 d = out[r.slot]
                 if self.p_min > 0 and probs[row] < self.p_min:
+                    continue
+                keep, more = verdicts[i] if verdicts is not None else (True, True)
+                if not keep:
                     continue
                 tok = int(ids[row])
                 d.tokens.append(tok)
                 d.probs.append(float(probs[row]))
                 if row in qrow:
                     d.q.append(qrow[row])
-                if len(d.tokens) < r.n_max and not (r.is_stop is not None and r.is_stop(tok)):
+                if (more and len(d.tokens) < r.n_max
+                        and not (r.is_stop is not None and r.is_stop(tok))):
                     nxt.append((b, row))
             if not nxt:
                 break
@@ -364,7 +385,8 @@ class MtpDrafter:
 
     # --- the carry-over, per slot ---------------------------------------------------------
     def draft_slots(self, items: list[tuple[int, int, int, Callable[[int], bool] | None]],
-                    chains: Mapping[int, SamplerChain] | None = None) -> dict[int, Draft]:
+                    chains: Mapping[int, SamplerChain] | None = None,
+                    gate: DraftGate | None = None) -> dict[int, Draft]:
         """Draft after each slot's owed pairs and its pending token: ``items`` are
         (slot, pending token, most drafts, stop test). The pairs are written, so each
         carry becomes empty (the pending token's pair included)."""
@@ -373,7 +395,7 @@ class MtpDrafter:
             c = self.carry[slot]
             reqs.append(DraftRequest(slot, c.pos0, [*c.tokens, pending], c.hidden, n_max,
                                      is_stop))
-        out = self.draft(reqs, chains)
+        out = self.draft(reqs, chains, gate)
         for r in reqs:
             self.carry[r.slot] = Carry(r.pos0 + len(r.tokens), (), self._no_rows)
         return out

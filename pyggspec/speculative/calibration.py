@@ -1,0 +1,132 @@
+"""How likely the target is to accept a draft, predicted from the draft head's confidence.
+
+The head's confidence in a draft -- its softmax probability of its own top token (the
+argmax's, at temperature 1) -- predicts acceptance far better than a per-position average:
+a draft drawn where the head hesitates is rejected much more often, whatever the position
+(``scripts/calibration_features.py`` measures top probability against the top-1 / top-2
+margin; the top probability predicted as well or better and is what the graph gives for
+free). :class:`AcceptanceModel` turns (confidence, draft position, regime) into a
+probability and learns online from every verified draft, across requests and sequences:
+it is the engine's, never reset per request.
+
+A regime is one way of drafting against one target chain (``"greedy"``, ``"coupled@0.8"``,
+``"argmax@1"``, ``"q@1.5"``...): the same confidence means different acceptance under a
+different temperature or draft rule, so each regime has its own table.
+
+The table: confidence bins (finer near 1, where most drafts of a good head fall) by draft
+position (the first three, then "later"). A cell's estimate is its own counts shrunk
+towards the bin's counts over all positions, which are shrunk towards the bin's midpoint
+(what a perfectly calibrated head would give) -- so a cell seen rarely borrows from its
+neighbours and a new regime starts from the head's own word.
+
+The report (:meth:`AcceptanceModel.report`) sets, per bin, the mean *predicted*
+acceptance of the drafts that were verified against the *observed* rate: it shows whether
+the predictions the draft-length budget acted on were right.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+# bin edges over the confidence [0, 1]
+EDGES = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.995, 1.0)
+N_BINS = len(EDGES) - 1
+N_POS = 4  # positions 1, 2, 3 and "4 or later"
+CELL_PRIOR = 4.0  # pseudo-counts of the bin's all-position estimate in a cell
+BIN_PRIOR = 4.0  # pseudo-counts of the bin's midpoint in the bin's estimate
+
+
+def conf_bin(conf: float) -> int:
+    """The bin of a confidence (values outside [0, 1] are clipped into it)."""
+    return min(max(bisect.bisect_right(EDGES, conf) - 1, 0), N_BINS - 1)
+
+
+def _midpoint(b: int) -> float:
+    return (EDGES[b] + EDGES[b + 1]) / 2
+
+
+@dataclass
+class _Table:
+    """Counts of one regime: drafts verified and accepted per (position, bin), and the
+    sum of the acceptance predicted for them (for the report)."""
+
+    n: list[list[float]] = field(default_factory=lambda: [[0.0] * N_BINS for _ in range(N_POS)])
+    acc: list[list[float]] = field(
+        default_factory=lambda: [[0.0] * N_BINS for _ in range(N_POS)])
+    pred: list[float] = field(default_factory=lambda: [0.0] * N_BINS)
+    n_pred: list[float] = field(default_factory=lambda: [0.0] * N_BINS)
+
+
+class AcceptanceModel:
+    """Predicts P(draft accepted | the drafts before it were) from its confidence and
+    position, per regime; learns from every verified draft."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, _Table] = {}
+        self._cache: dict[tuple[str, int, int], float] = {}  # estimates, until the next record
+
+    def _table(self, regime: str) -> _Table:
+        t = self._tables.get(regime)
+        if t is None:
+            t = self._tables[regime] = _Table()
+        return t
+
+    def predict(self, regime: str, pos: int, conf: float) -> float:
+        """Acceptance of a draft at 0-based position ``pos`` with confidence ``conf``."""
+        b = conf_bin(conf)
+        p = min(pos, N_POS - 1)
+        key = (regime, p, b)
+        got = self._cache.get(key)
+        if got is None:
+            t = self._tables.get(regime)
+            if t is None:
+                got = _midpoint(b)
+            else:
+                n_bin = sum(t.n[i][b] for i in range(N_POS))
+                a_bin = sum(t.acc[i][b] for i in range(N_POS))
+                bin_est = (a_bin + BIN_PRIOR * _midpoint(b)) / (n_bin + BIN_PRIOR)
+                got = (t.acc[p][b] + CELL_PRIOR * bin_est) / (t.n[p][b] + CELL_PRIOR)
+            self._cache[key] = got
+        return got
+
+    def mean(self, regime: str, pos: int) -> float | None:
+        """The observed acceptance at ``pos`` over all confidences (None: never seen)."""
+        t = self._tables.get(regime)
+        if t is None:
+            return None
+        p = min(pos, N_POS - 1)
+        n = sum(t.n[p])
+        return sum(t.acc[p]) / n if n else None
+
+    def record(self, regime: str, pos: int, conf: float, accepted: bool,
+               predicted: float | None = None) -> None:
+        """A draft at ``pos`` with ``conf`` was verified (``predicted``: what was predicted
+        for it when the length was chosen, for the report)."""
+        t = self._table(regime)
+        b = conf_bin(conf)
+        p = min(pos, N_POS - 1)
+        t.n[p][b] += 1
+        t.acc[p][b] += 1.0 if accepted else 0.0
+        if predicted is not None:
+            t.pred[b] += predicted
+            t.n_pred[b] += 1
+        for i in range(N_POS):  # the bin's estimate moved: every position of it
+            self._cache.pop((regime, i, b), None)
+
+    def report(self) -> dict:
+        """Per regime, per confidence bin with drafts: drafts verified, mean predicted
+        acceptance (of those predicted), observed acceptance."""
+        out = {}
+        for regime, t in sorted(self._tables.items()):
+            rows = []
+            for b in range(N_BINS):
+                n = sum(t.n[i][b] for i in range(N_POS))
+                if not n:
+                    continue
+                rows.append({"conf": [EDGES[b], EDGES[b + 1]], "n": int(n),
+                             "predicted": (round(t.pred[b] / t.n_pred[b], 4)
+                                           if t.n_pred[b] else None),
+                             "observed": round(sum(t.acc[i][b] for i in range(N_POS)) / n, 4)})
+            out[regime] = rows
+        return out
