@@ -117,9 +117,10 @@ class Engine:
             raise
 
     def _calibrate_acceptance(self, n: int) -> None:
-        """Seed the draft-length budget's acceptance model: ``n`` tokens generated (greedy)
-        from a fixed prompt, drafting to the cap and verifying every draft, so every
-        confidence the head shows is scored once before the first request. Nothing of it
+        """Seed the draft-length budget's acceptance model: ``n`` tokens generated with the
+        engine's default sampling (the regime most requests will draft in) from a fixed
+        prompt, drafting to the cap and verifying every draft, so the confidences the head
+        shows are scored before the first request. Nothing of it
         stays: the slot is cleared and the engine's counts start at zero."""
         policy = self.worker.policy
         if self.tokenizer is not None:
@@ -131,8 +132,7 @@ class Engine:
             return
         policy.forced = True
         try:
-            self.generate(prompt, max_tokens=n, ignore_eos=True,
-                          sampling=SamplingParams(temp=0.0))
+            self.generate(prompt, max_tokens=n, ignore_eos=True)  # the default sampling
         finally:
             policy.forced = False
             policy.reset_counts()

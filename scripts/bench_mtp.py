@@ -7,7 +7,8 @@ repetition runs, one engine at a time and in alternating order:
 
   llama-server  plain, and --spec-type draft-mtp --spec-draft-n-max N for each N
                 (default repacking, and with --no-repack unless --llama-repack on)
-  pyggspec      plain, its default speculation, and fixed --spec-draft-n-max N for each N
+  pyggspec      plain, its default speculation (calibrated draft lengths), and
+                --spec-draft-fixed --spec-draft-n-max N for each N
 
 each as a fresh process doing the same greedy requests (``--parallel`` concurrent ones:
 tokens/s is then the aggregate). Speed-ups are spec / plain of the same engine in the
@@ -63,7 +64,8 @@ def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
     """``spec`` with ``n_max`` None: pyggspec's default speculation."""
     kw = ""
     if spec:
-        cfg = "SpecConfig(" + (f"n_max={n_max}, " if n_max else "") + (
+        # a fixed n_max is drafted every step (--spec-draft-fixed); the default chooses
+        cfg = "SpecConfig(" + (f"n_max={n_max}, adaptive=False, " if n_max else "") + (
             f"draft_head={draft_head!r}" if draft_head else "") + ")"
         kw = f", spec_type='draft-mtp', spec={cfg}"
     body = f"""
@@ -97,10 +99,18 @@ def main() -> int:
                     help="also run pyggspec's default with --spec-draft-head TYPE")
     ap.add_argument("--no-ours-fixed", action="store_true",
                     help="skip pyggspec at fixed n_max (only plain and its default)")
+    ap.add_argument("--llama", nargs="+", default=[], metavar="LABEL=BUILD",
+                    help="compare with several llama-servers: each LABEL=BUILD folder (its "
+                         "bin/llama-server) gets its own plain and n_max runs (e.g. "
+                         "b11549=.cache/llama.cpp-b11549-build 0.3.36=.cache/llama.cpp-build)")
+    ap.add_argument("--llama-n-max", type=int, nargs="+", default=None,
+                    help="llama-server's n_max values (default: --n-max)")
+    ap.add_argument("--json-out", type=Path, help="also write the table's JSON here")
     benchlib.add_offload_args(ap)
     args = ap.parse_args()
     benchlib.set_offload(args)
     repacks = {"both": [True, False], "on": [True], "off": [False]}[args.llama_repack]
+    builds = [tuple(b.split("=", 1)) for b in args.llama] or [("", None)]
 
     table = []
     models = ([(0.0, args.model.name, args.model)] if args.model else
@@ -111,10 +121,12 @@ def main() -> int:
     runs += [(f"ours head={h}", "ours", None, True, h) for h in args.draft_head]
     if not args.no_ours_fixed:
         runs += [(f"ours n={k}", "ours", k, True, "") for k in args.n_max]
-    for rp in repacks:
-        tag = "" if rp else " -nr"
-        runs += [(f"llama plain{tag}", "llama", 0, rp, "")]
-        runs += [(f"llama n={k}{tag}", "llama", k, rp, "") for k in args.n_max]
+    for label, build in builds:
+        for rp in repacks:
+            tag = ("" if rp else " -nr") + (f" [{label}]" if label else "")
+            runs += [(f"llama plain{tag}", "llama", 0, rp, build or "")]
+            runs += [(f"llama n={k}{tag}", "llama", k, rp, build or "")
+                     for k in (args.llama_n_max or args.n_max)]
     for agr, qt, given in models:
         path = given or benchlib.bench_model(agr, qt)
         for P in args.parallel:
@@ -123,19 +135,24 @@ def main() -> int:
                 got: dict[str, dict] = {}
                 for name, engine, n_max, flag, head in (runs if rep % 2 == 0 else runs[::-1]):
                     t0 = time.monotonic()
+                    if engine == "llama" and head:  # head: this run's llama.cpp build
+                        benchlib.use_llama_build(head)
                     got[name] = (run_ours(path, args, P, n_max, flag, head) if engine == "ours"
                                  else run_llama(path, args, P, n_max or 0, flag))
                     print(f"{agr} {qt} np{P} rep {rep} {name:16s} {got[name]['tps']:7.2f} t/s "
                           f" accept {got[name].get('accept', float('nan')):.3f} "
                           f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
                 reps.append(got)
-            table.append(summarize(agr, qt, P, reps, repacks))
+            table.append(summarize(agr, qt, P, reps, repacks, [b for b, _ in builds]))
+            if args.json_out:  # after every row: a run cut short keeps what it measured
+                args.json_out.write_text(json.dumps({"bench": "mtp", "n": args.n,
+                                                     "reps": args.reps, "rows": table}))
     print_table(table, args)
     return 0
 
 
 def summarize(agr: float, qt: str, P: int, reps: list[dict[str, dict]],
-              repacks: list[bool]) -> dict:
+              repacks: list[bool], labels: list[str]) -> dict:
     names = list(reps[0])
 
     def med(name: str) -> float:
@@ -144,26 +161,46 @@ def summarize(agr: float, qt: str, P: int, reps: list[dict[str, dict]],
     def paired(a: str, b: str) -> float:
         return statistics.median(r[a]["tps"] / r[b]["tps"] for r in reps)
 
+    def spread(a: str, b: str) -> list[float]:
+        x = sorted(r[a]["tps"] / r[b]["tps"] for r in reps)
+        return [round(x[0], 3), round(x[-1], 3)]
+
+    def plain_of(n: str) -> str:
+        if n.startswith("ours"):
+            return "ours plain"
+        return "llama plain" + n[n.index(" ", len("llama n=")):] if " " in n[len("llama "):] \
+            else "llama plain"
+
     row: dict = {"agreement": agr, "type": qt, "parallel": P,
                  "tps": {n: round(med(n), 3) for n in names},
                  "accept": {n: round(reps[0][n]["accept"], 4) for n in names
                             if "accept" in reps[0][n]}}
     # lossless: every speculative output equals the same engine's plain output
-    row["identical"] = all(
-        r[n]["tokens"] == r["ours plain" if n.startswith("ours") else
-                            "llama plain" + (" -nr" if n.endswith("-nr") else "")]["tokens"]
-        for r in reps for n in names if "plain" not in n)
+    row["identical"] = all(r[n]["tokens"] == r[plain_of(n)]["tokens"]
+                           for r in reps for n in names if "plain" not in n)
     row["ours_speedup"] = {n: round(paired(n, "ours plain"), 3) for n in names
                            if n.startswith("ours") and n != "ours plain"}
-    for rp in repacks:
-        tag = "" if rp else " -nr"
-        spec = [n for n in names if n.startswith("llama n=") and n.endswith("-nr") == (not rp)]
-        best = max(spec, key=med)
-        key = "llama" + tag.replace(" ", "_")
-        row[f"{key}_best"] = best
-        row[f"{key}_speedup"] = round(paired(best, "llama plain" + tag), 3)
-        row[f"default_vs_{key}_best"] = round(paired("ours default", best), 3)
-        row[f"plain_vs_{key}_plain"] = round(paired("ours plain", "llama plain" + tag), 3)
+    row["ours_speedup_spread"] = {n: spread(n, "ours plain") for n in row["ours_speedup"]}
+    fixed = [n for n in names if n.startswith("ours n=")]
+    if fixed and "ours default" in names:
+        best_fixed = max(fixed, key=med)
+        row["ours_best_fixed"] = best_fixed
+        row["default_vs_best_fixed"] = round(paired("ours default", best_fixed), 3)
+        row["default_vs_best_fixed_spread"] = spread("ours default", best_fixed)
+    for label in labels:
+        for rp in repacks:
+            tag = ("" if rp else " -nr") + (f" [{label}]" if label else "")
+            spec = [n for n in names if n.startswith("llama n=") and n.endswith(tag)
+                    and ("-nr" in n) == (not rp)]
+            if not spec:
+                continue
+            best = max(spec, key=med)
+            key = ("llama" + tag).replace(" ", "_")
+            row[f"{key}_best"] = best
+            row[f"{key}_speedup"] = round(paired(best, "llama plain" + tag), 3)
+            row[f"default_vs_{key}_best"] = round(paired("ours default", best), 3)
+            row[f"default_vs_{key}_best_spread"] = spread("ours default", best)
+            row[f"plain_vs_{key}_plain"] = round(paired("ours plain", "llama plain" + tag), 3)
     return row
 
 
@@ -177,7 +214,10 @@ def print_table(table: list[dict], args: argparse.Namespace) -> None:
             sp = r["ours_speedup"].get(n)
             print(f"  {n:18s} {v:8.2f} t/s" + (f"  x{sp:.3f}" if sp else "")
                   + (f"  accept {r['accept'][n]:.3f}" if n in r["accept"] else ""))
-        for key in ("llama", "llama_-nr"):
+        if "ours_best_fixed" in r:
+            print(f"  ours default / {r['ours_best_fixed']}: {r['default_vs_best_fixed']:.3f} "
+                  f"(spread {r['default_vs_best_fixed_spread']})")
+        for key in [k[: -len("_best")] for k in r if k.startswith("llama") and k.endswith("_best")]:
             if f"{key}_best" in r:
                 print(f"  ours default / {r[key + '_best']}: {r['default_vs_' + key + '_best']:.3f}"
                       f"   (llama x{r[key + '_speedup']:.3f};  ours plain / llama plain "

@@ -4,6 +4,7 @@ confidence-calibrated acceptance model; then both in the engine."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -196,3 +197,54 @@ def test_fixed_length_flag(paths, make_engine):
     assert policy is None
     # every step drafts n_max, but the last ones (the budget's room is shorter)
     assert stats.draft_lengths[3] >= stats.n_steps - 3
+
+
+# --- what a user sees: run --json / text and /metrics -----------------------------------------
+def test_cli_default_reports_the_budget(paths):
+    """The default run (calibrated lengths) reports lengths and calibration in --json and in
+    its text summary, and generates what plain decoding does."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pyggspec.cli import main
+
+    base = ["run", "-m", str(paths[("dense", 0.95)]), "--prompt-tokens", "300,301", "-n", "24",
+            "--ignore-eos", "-ngl", "0"]
+    r = CliRunner().invoke(main, [*base, "--spec-type", "draft-mtp", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    budget = d["spec"]["budget"]
+    assert sum(budget["chosen_lengths"]) > 0  # steps since start-up, by drafts kept
+    rows = [row for rs in budget["calibration"].values() for row in rs]
+    assert rows and all(set(row) >= {"conf", "n", "predicted", "observed"} for row in rows)
+    plain = CliRunner().invoke(main, [*base, "--json"])
+    assert json.loads(plain.output)["tokens"] == d["tokens"]
+    text = CliRunner().invoke(main, [*base, "--spec-type", "draft-mtp"])
+    assert text.exit_code == 0 and "draft lengths (budget)" in text.output
+    assert "calibration [" in text.output
+
+
+def test_metrics_report_the_calibration(paths):
+    from fastapi.testclient import TestClient
+
+    from pyggspec.config import SpecConfig
+    from pyggspec.engine import Engine
+    from pyggspec.serving.http.app import create_app
+    from pyggspec.serving.http.state import ServerConfig
+
+    path = paths[("dense", 0.95)]
+    with Engine(path, n_ctx=256, n_parallel=1, n_threads=1, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=3)) as e:
+        app = create_app(e, ServerConfig(model_id="m", model_path=str(path), n_predict=16))
+        with TestClient(app) as c:
+            assert c.post("/completion", json={"prompt": [300, 301], "n_predict": 16}
+                          ).status_code == 200
+            text = c.get("/metrics").text
+    for name in ("spec_draft_declined_steps_total", "spec_draft_calibration_drafts_total",
+                 "spec_draft_calibration_observed"):
+        assert f"# TYPE pyggspec:{name} " in text, name
+    line = next(ln for ln in text.splitlines()
+                if ln.startswith("pyggspec:spec_draft_calibration_drafts_total{"))
+    assert re.search(r'regime="(greedy|(coupled|argmax|probabilistic)@[0-9.]+)"', line), line
+    assert 'conf_lo="' in line and 'conf_hi="' in line

@@ -235,7 +235,9 @@ def test_stop_strings_and_speculation_off(http):
         "temperature": 0}).json()
     assert chat["choices"][0]["message"] == spec["choices"][0]["message"]  # lossless
     one = http.post("/completion", json={**body, "speculative.n_max": 1}).json()
-    assert one["content"] == text and one["timings"]["draft_n"] <= one["tokens_predicted"]
+    # the calibrated lengths may decline every draft at n_max 1 (then draft_n is omitted)
+    assert one["content"] == text
+    assert one["timings"].get("draft_n", 0) <= one["tokens_predicted"]
     r = http.post("/completion", json={**body, "speculative.n_max": 9})
     assert r.status_code == 400 and r.json()["error"]["param"] == "speculative.n_max"
 

@@ -139,9 +139,11 @@ P_MIN = Opt("--spec-draft-p-min", "--draft-p-min", "p_min", type=click.FloatRang
                  "the drawn token (after its filters and temperature; computed on the host "
                  "from the head's logits).")
 DRAFT_ADAPTIVE = Opt("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive",
-                     default=False, show_default=True,
-                     help="Choose each step's draft length from measured acceptance and costs "
-                          "(--spec-draft-n-max the cap), or always draft n_max.")
+                     default=True, show_default=True,
+                     help="Choose draft lengths per step from the head's confidence in each "
+                          "draft (acceptance calibrated online) and measured costs, drafting "
+                          "nothing where speculation cannot pay (--spec-draft-n-max the cap); "
+                          "or always draft n_max.")
 DRAFT_SAMPLING = Opt("--spec-draft-sampling", "draft_sampling",
                      type=click.Choice(DRAFT_SAMPLINGS),
                      default="coupled", show_default=True,

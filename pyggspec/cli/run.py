@@ -73,7 +73,25 @@ def _spec_lines(stats: dict) -> list[str]:
         (f"mean accepted length = {stats['mean_accepted_length']:.3f} tokens per step, "
         f"per-position acceptance = [{pp}]"),
         f"target evals = {stats['n_target_evals']}, mtp evals = {stats['n_mtp_evals']}",
+        *_budget_lines(stats.get("budget")),
     ]
+
+
+def _budget_lines(budget: dict | None) -> list[str]:
+    """The calibrated budget: lengths chosen, and predicted vs observed acceptance by the
+    head's confidence (the regime with the most drafts)."""
+    if not budget:
+        return []
+    lengths = ", ".join(f"{k}: {n}" for k, n in enumerate(budget["chosen_lengths"]) if n)
+    out = [f"draft lengths (budget) = {{{lengths}}}, declined steps = {budget['declined_steps']}"]
+    cal = budget.get("calibration") or {}
+    if cal:
+        regime, rows = max(cal.items(), key=lambda kv: sum(r["n"] for r in kv[1]))
+        bins = ", ".join(f"{r['conf'][0]:g}-{r['conf'][1]:g}: "
+                         + (f"{r['predicted']:.2f}" if r["predicted"] is not None else "-")
+                         + f"/{r['observed']:.2f} (n={r['n']})" for r in rows)
+        out.append(f"calibration [{regime}] conf: predicted/observed = {bins}")
+    return out
 
 
 @click.command(cls=LlamaCommand, context_settings=CONTEXT_SETTINGS)
@@ -173,6 +191,8 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
             stats["draft_sampling"] = {"mode": engine.spec.draft_sampling,
                                        "coupled_drafts": d.n_coupled,
                                        "argmax_drafts": d.n_argmax}
+            if engine.draft_policy is not None:  # lengths chosen, costs, calibration report
+                stats["budget"] = engine.draft_policy.to_dict()
         rollback_used = engine.rollback
         sampling_stats = engine.samplers.stats.to_dict() if engine.samplers else {}
     res = results[0]

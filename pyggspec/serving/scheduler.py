@@ -621,7 +621,8 @@ class Scheduler:
         ``decode_steps`` (generation batches), ``prompt_chunks`` (prompt batches) and
         ``decode_busy_slots`` (sequences summed over both),
         ``queue_depth``, ``busy_slots``, ``n_slots``, ``tokens_per_second`` (generation,
-        recent), ``prompt_tokens_per_second``."""
+        recent), ``prompt_tokens_per_second``; ``draft_budget`` (the calibrated draft-length
+        budget's lengths, costs and calibration report) when it decides."""
         with self._lock:
             m: dict[str, Any] = dict(self._counts)
             st = self.stats
@@ -639,6 +640,9 @@ class Scheduler:
                                              if self._prompt_ms > 0 else 0.0),
                 "uptime_s": now - self._t0,
             })
+        budget = getattr(self.worker, "policy", None)
+        if budget is not None and hasattr(budget, "to_dict"):  # the draft-length budget
+            m["draft_budget"] = budget.to_dict()
         return m
 
     def memory(self) -> dict[str, Any]:

@@ -306,6 +306,32 @@ def _histogram(name: str, help: str, values: list[float], buckets: tuple[float, 
     return h
 
 
+def budget_families(budget: Mapping[str, Any] | None) -> list[Metric]:
+    """The draft-length budget (``DraftBudget.to_dict()``): steps that drafted nothing, and
+    its calibration -- per regime and confidence bin the drafts verified, the acceptance
+    predicted for them and the acceptance observed -- so a scrape shows whether the
+    predictions the lengths were chosen by are right."""
+    if not budget:
+        return []
+    n = Metric("spec_draft_calibration_drafts_total", "counter",
+               "Verified drafts by regime and head-confidence bin.")
+    pred = Metric("spec_draft_calibration_predicted", "gauge",
+                  "Mean acceptance predicted for those drafts when their length was chosen.")
+    obs = Metric("spec_draft_calibration_observed", "gauge",
+                 "Acceptance observed for those drafts.")
+    for regime, rows in budget.get("calibration", {}).items():
+        for r in rows:
+            lab = {"regime": regime, "conf_lo": repr(float(r["conf"][0])),
+                   "conf_hi": repr(float(r["conf"][1]))}
+            n.add(int(r["n"]), **lab)
+            if r["predicted"] is not None:
+                pred.add(float(r["predicted"]), **lab)
+            obs.add(float(r["observed"]), **lab)
+    return [Metric("spec_draft_declined_steps_total", "counter",
+                   "Steps that drafted nothing because no draft was predicted to pay.").add(
+                int(budget.get("declined_steps", 0))), n, pred, obs]
+
+
 def prometheus_text(counters: ServeMetrics, sched: Mapping[str, Any],
                     memory: Mapping[str, Mapping[str, int]] | None) -> str:
     """The whole ``GET /metrics`` body: llama-server's ``llamacpp:`` series, then
@@ -323,6 +349,7 @@ def prometheus_text(counters: ServeMetrics, sched: Mapping[str, Any],
         Metric("n_decode_total", "counter", "Decode / verify batches run.").add(
             int(sched["decode_steps"])),
     ]
+    extra += budget_families(sched.get("draft_budget"))
     ours = counters.families(busy_slots=int(sched["busy_slots"]), n_slots=int(sched["n_slots"]),
                              queued=int(sched["queue_depth"]), memory=memory, extra=extra)
     llama = counters.llamacpp_families(
