@@ -48,6 +48,17 @@ def test_acceptance_model_prior_learning_and_report():
     assert conf_bin(-1) == 0 and conf_bin(1.0) == conf_bin(2.0) == len(EDGES) - 2
 
 
+def test_a_nearly_flat_head_is_ranked_not_taken_at_its_word():
+    """A head whose tops are 1e-5..3e-4 (nearly uniform over a big vocabulary; the benchmark
+    models') still separates drafts by how far above uniform they are, and a bin it has not
+    shown yet borrows the regime's record, not its midpoint (a calibrated head's ~0)."""
+    m = learnt(AcceptanceModel(), "greedy", [(2e-5, 0.4), (5e-5, 0.95), (2e-4, 1.0)])
+    assert conf_bin(2e-5) != conf_bin(5e-5) != conf_bin(2e-4)
+    assert m.predict("greedy", 0, 2e-5) < 0.6
+    assert m.predict("greedy", 0, 5e-5) > 0.9
+    assert m.predict("greedy", 0, 5e-3) > 0.6  # unseen bin: near the regime's ~0.78
+
+
 def budget(c: CostModel, n_max: int = 3, model: AcceptanceModel | None = None,
            explore: int = 0) -> DraftBudget:
     return DraftBudget(n_max, c, padded_rows, model, explore_every=explore,
@@ -111,7 +122,7 @@ def test_forced_keeps_everything_and_records_predictions():
     assert run_step(b, [0.01, 0.01, 0.01]) == 3
     b.record(0, [0.01, 0.01, 0.01], 1)  # first accepted, second rejected, third not judged
     rows = b.acceptance.report()["greedy"]
-    assert rows == [{"conf": [0.0, 0.05], "n": 2, "predicted": 0.025, "observed": 0.5}]
+    assert rows == [{"conf": [0.01, 0.05], "n": 2, "predicted": 0.03, "observed": 0.5}]
     b.observe_step(1, 4, 50.0, 2)
     assert b.to_dict()["chosen_lengths"] == [0, 0, 0, 1]
     b.reset_counts()
