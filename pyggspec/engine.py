@@ -38,6 +38,7 @@ from pyggspec.serving.request import (
     Result,
 )
 from pyggspec.serving.scheduler import Scheduler, SchedulerLimits
+from pyggspec.serving.sequence import TokenLogprob
 from pyggspec.speculative.stats import SpecStats
 from pyggspec.worker import Worker
 
@@ -52,10 +53,12 @@ log = logging.getLogger("pyggspec.engine")
 
 @dataclass(frozen=True)
 class Piece:
-    """One generated token and the text it completes (``token == -1``: trailing text)."""
+    """One generated token and the text it completes (``token == -1``: trailing text);
+    ``logprob``: the token's log-probabilities when the stream asked (``logprobs=k``)."""
 
     token: int
     text: str
+    logprob: TokenLogprob | None = None
 
 
 class Stream:
@@ -72,7 +75,8 @@ class Stream:
     def __iter__(self) -> Iterator[Piece]:
         try:
             for ev in self._handle:
-                yield Piece(ev.tokens[0] if ev.tokens else -1, ev.text)
+                yield Piece(ev.tokens[0] if ev.tokens else -1, ev.text,
+                            ev.logprobs[0] if ev.logprobs else None)
         finally:
             self._handle.cancel()
         self.result = self._engine._collect([self._handle], self._t0)[0]
@@ -256,24 +260,30 @@ class Engine:
         return [sched.submit(r) for r in reqs]
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128,
-               ignore_eos: bool = False, sampling: SamplingParams | None = None) -> Stream:
-        """Generate for one prompt, one :class:`Piece` (token id + text) at a time, with the
+               ignore_eos: bool = False, sampling: SamplingParams | None = None,
+               logprobs: int | None = None, post_sampling_probs: bool = False) -> Stream:
+        """Generate for one prompt, one :class:`Piece` (token id + text, and its
+        log-probabilities with ``logprobs``: see :meth:`generate`) at a time, with the
         engine's sampling and speculation settings (see :class:`Stream`)."""
-        (h,) = self._submit_all([prompt], max_tokens, ignore_eos, sampling)
+        (h,) = self._submit_all([prompt], max_tokens, ignore_eos, sampling,
+                                logprobs=logprobs, post_sampling_probs=post_sampling_probs)
         return Stream(self, h)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
                        ignore_eos: bool = False, on_tokens=None,
-                       sampling: SamplingParams | None = None) -> Generation:
+                       sampling: SamplingParams | None = None, logprobs: int | None = None,
+                       post_sampling_probs: bool = False) -> Generation:
         """Generate for several prompts at once, in shared batches (one slot each; more
         prompts than slots wait for a free one).
 
         With ``spec_type="draft-mtp"`` every sequence speculates with its own drafts and
         acceptance; ``on_tokens(index, tokens)`` is called as tokens are emitted. Returns
-        the results in prompt order, with the call's timings and speculation counts.
+        the results in prompt order, with the call's timings and speculation counts
+        (``logprobs``: see :meth:`generate`).
         """
         t0 = time.perf_counter()
-        handles = self._submit_all(prompts, max_tokens, ignore_eos, sampling)
+        handles = self._submit_all(prompts, max_tokens, ignore_eos, sampling,
+                                   logprobs=logprobs, post_sampling_probs=post_sampling_probs)
         if on_tokens is not None:
             for i, h in enumerate(handles):
                 h.add_callback(lambda item, i=i: on_tokens(i, list(item.tokens))
@@ -307,11 +317,19 @@ class Engine:
         return Generation(results, timings, stats)
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
-                 ignore_eos: bool = False,
-                 sampling: SamplingParams | None = None) -> Result:
+                 ignore_eos: bool = False, sampling: SamplingParams | None = None,
+                 logprobs: int | None = None, post_sampling_probs: bool = False) -> Result:
         """Generate for one prompt and return its result (text, tokens, timings, ``spec``:
-        its speculation counts)."""
-        return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling)[0]
+        its speculation counts).
+
+        ``logprobs=k`` (llama-server's ``n_probs``) fills ``result.logprobs``: per emitted
+        token its log-probability and the k most likely tokens at its position, from the
+        raw softmax of the target's logits (``post_sampling_probs``: from the sampler
+        chain's distribution). They are the target's values for the token it emitted, the
+        same with and without speculation; a request that asks samples on the host."""
+        return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling,
+                                   logprobs=logprobs,
+                                   post_sampling_probs=post_sampling_probs)[0]
 
     def create_completion(self, prompt: str | Sequence[int], **kw) -> dict | Iterator[dict]:
         """llama-cpp-python's ``Llama.create_completion`` (same arguments and dict shapes;

@@ -33,8 +33,17 @@ from pyggspec.errors import PyggspecError
 from pyggspec.memory.slots import SlotMemory
 from pyggspec.models.batch import StepResult, UBatch, chunk_group, padded_rows
 from pyggspec.sampling.host import chain_distribution
+from pyggspec.sampling.logprobs import chain_logprobs, raw_logprobs
 from pyggspec.serving.prefix_cache import common_prefix
-from pyggspec.serving.sequence import Batch, DecodeItem, PromptChunk, SeqOutput, StepOutput
+from pyggspec.serving.sequence import (
+    Batch,
+    DecodeItem,
+    LogprobRequest,
+    PromptChunk,
+    SeqOutput,
+    StepOutput,
+    TokenLogprob,
+)
 from pyggspec.speculative.rejection import accept_rejection
 from pyggspec.speculative.verify import accept
 
@@ -128,13 +137,18 @@ class Worker:
         for b, c in enumerate(chunks):
             so = out.seqs[c.slot] = SeqOutput(target_evals=1, mtp_evals=n_mtp)
             if c.sample:
-                t = self.samplers.choose(c.slot, res.logits[rows[b * T + T - 1]])
+                row = res.logits[rows[b * T + T - 1]]
+                t = self.samplers.choose(c.slot, row)
+                if c.logprobs is not None:
+                    so.logprobs = [self._logprob(c.slot, c.logprobs, row, t)]
                 self.samplers.accept(c.slot, t)
                 so.tokens.append(t)
 
     def _plain(self, items: list[DecodeItem], out: StepOutput) -> None:
         """One token for every sequence in one ubatch (B x 1); the host arrays of each
-        batch size are kept, so a step writes B ids, positions and state rows."""
+        batch size are kept, so a step writes B ids, positions and state rows. A sequence
+        that wants log-probabilities needs the logits: the batch then samples on the host
+        (the same tokens; llama-server turns backend sampling off for such a request)."""
         B = len(items)
         ub = self._plain_ubs.get(B)
         if ub is None:
@@ -149,15 +163,18 @@ class Worker:
             pos0[b] = mem.length(it.slot)
             src[b] = mem.state_row(it.slot)
         ub.slots = tuple(it.slot for it in items)
-        ub.sampling = plan = samplers.plan_id(B, 1, ub.slots)
+        want = any(it.logprobs is not None for it in items)
+        ub.sampling = plan = 0 if want else samplers.plan_id(B, 1, ub.slots)
         ub.rows = samplers.rows([(it.slot, ()) for it in items]) if plan else None
         res = self.target.run(ub, copy=False)
         for b, it in enumerate(items):
             mem.commit(it.slot, (it.pending,))
             t = int(res.ids[b]) if res.ids is not None else samplers.choose(it.slot, res.logits[b])
+            so = out.seqs[it.slot] = SeqOutput([t], target_evals=1)
+            if it.logprobs is not None:
+                so.logprobs = [self._logprob(it.slot, it.logprobs, res.logits[b], t)]
             if not it.is_stop(t):
                 samplers.accept(it.slot, t)
-            out.seqs[it.slot] = SeqOutput([t], target_evals=1)
 
     # --- the speculative step ------------------------------------------------------------
     def _speculative(self, items: list[DecodeItem], out: StepOutput) -> None:
@@ -168,7 +185,8 @@ class Worker:
         dtoks = [drafts[it.slot].tokens if it.slot in drafts else [] for it in items]
         qs = {it.slot: drafts[it.slot].q for it in items
               if it.slot in drafts and drafts[it.slot].q}
-        ub, planes, prefixes = self._verify_batch(items, dtoks, host=bool(qs))
+        want = any(it.logprobs is not None for it in items)  # they need the logits
+        ub, planes, prefixes = self._verify_batch(items, dtoks, host=bool(qs) or want)
         choose_row, hidden, logits = self._verify(ub, prefixes, dtoks)
         replay: dict[int, list[int]] = {}
         for b, it in enumerate(items):
@@ -179,10 +197,13 @@ class Worker:
             else:
                 choices, n, stopped = accept(d, lambda i, b=b: choose_row(b, i), it.is_stop)
             emitted = choices[:-1] if stopped else choices
-            self._accepted(it, drafts.get(it.slot), d, n, emitted)
             so = out.seqs[it.slot] = SeqOutput(choices, len(d), min(n, len(d)), it.spec,
                                                target_evals=1,
                                                mtp_evals=n_mtp if it.spec else 0)
+            if it.logprobs is not None:  # row i is the target's own distribution of token i
+                so.logprobs = [self._logprob(it.slot, it.logprobs, logits[b, i], t, d[:i])
+                               for i, t in enumerate(choices)]
+            self._accepted(it, drafts.get(it.slot), d, n, emitted)
             committed = [it.pending, *d[:n]]
             if not self._commit(it.slot, committed, planes[b], ub.tokens.shape[1]):
                 replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
@@ -236,6 +257,18 @@ class Worker:
             return choose(slots[b], logits[b, i], pre)
 
         return on_host, hidden, logits
+
+    def _logprob(self, slot: int, want: LogprobRequest, row: np.ndarray, token: int,
+                 prefix: Seq[int] = ()) -> TokenLogprob:
+        """``token``'s log-probabilities from the target's logits ``row`` (before the chain
+        accepts it: post-sampling values need the chain's state at that row). Only for
+        sequences that ask; a verified draft gets its verify row's, not the draft head's."""
+        if want.post_sampling:
+            lp, ids, lps = chain_logprobs(self.samplers.chains[slot], row, prefix, token,
+                                          want.n_top)
+        else:
+            lp, ids, lps = raw_logprobs(row, token, want.n_top)
+        return TokenLogprob(token, lp, tuple(zip(ids, lps)))
 
     def _reject(self, slot: int, d: list[int], q: list, logits: np.ndarray, bonus,
                 is_stop) -> tuple[list[int], int, bool]:

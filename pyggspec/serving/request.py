@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyggspec.errors import PyggspecError
 from pyggspec.sampling.params import SamplingParams
+from pyggspec.serving.sequence import TokenLogprob
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.scheduler import Scheduler
@@ -68,6 +69,10 @@ class Request:
     ``spec.n_max``). ``stop`` strings end generation and are not part of the text.
     ``cache_prompt`` lets the request continue from a slot holding a prefix of its prompt.
     ``slot`` pins the request to one slot (llama-server's ``id_slot``); None picks one.
+    ``logprobs`` (None: none) reports each emitted token's log-probability and the
+    ``logprobs`` most likely tokens at its position (llama-server's ``n_probs``), from the
+    raw softmax of the target's logits or, with ``post_sampling_probs``, from the sampler
+    chain's distribution; the same values with and without speculation.
     """
 
     prompt: str | Sequence[int]
@@ -81,6 +86,8 @@ class Request:
     cache_prompt: bool = True
     slot: int | None = None
     id: str | None = None
+    logprobs: int | None = None
+    post_sampling_probs: bool = False
 
 
 # --- what comes back ------------------------------------------------------------------------
@@ -92,11 +99,13 @@ class Event:
     ``text`` is held back while it could still be the start of a stop string (or an
     incomplete UTF-8 character), so concatenating every event's text gives the result's
     text exactly. A token completing a stop string is included; the tokens a speculative
-    step emitted after it are not.
+    step emitted after it are not. ``logprobs`` holds the token's
+    :class:`~pyggspec.serving.sequence.TokenLogprob` when the request asked for them.
     """
 
     tokens: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass
@@ -144,7 +153,9 @@ class Result:
     ``stop_reason``: ``eos`` (end of generation token), ``stop`` (a stop string:
     ``stop_word``), ``length`` (max_tokens), ``context`` (prompt + output reached n_ctx),
     ``cancelled``. ``spec`` is the request's own :class:`~pyggspec.speculative.loop.SpecStats`
-    (None when it did not speculate).
+    (None when it did not speculate). ``logprobs``: one
+    :class:`~pyggspec.serving.sequence.TokenLogprob` per token of ``tokens`` when the
+    request asked for them (``Request.logprobs``), else None.
     """
 
     id: str
@@ -156,6 +167,7 @@ class Result:
     slot: int = -1
     stop_word: str | None = None
     spec: Any = None  # SpecStats | None
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def n_prompt(self) -> int:
@@ -173,6 +185,8 @@ class Result:
              "cache_n": self.cache_n, "timings": self.timings.to_dict(host=True)}
         if self.spec is not None:
             d["spec"] = self.spec.to_dict()
+        if self.logprobs is not None:
+            d["logprobs"] = [lp.to_dict() for lp in self.logprobs]
         return d
 
 

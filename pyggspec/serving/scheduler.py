@@ -68,10 +68,13 @@ from pyggspec.serving.sequence import (
     UNLIMITED,
     Batch,
     DecodeItem,
+    LogprobRequest,
     PromptChunk,
+    SeqOutput,
     SeqStatus,
     Sequence,
     StepOutput,
+    TokenLogprob,
 )
 from pyggspec.serving.stops import TextStream
 from pyggspec.speculative.stats import SpecStats
@@ -112,6 +115,7 @@ class _Owner:
     sent: list[int] = field(default_factory=list)  # tokens turned into events
     timings: RequestTimings = field(default_factory=RequestTimings)
     stats: SpecStats | None = None
+    logprobs: list[TokenLogprob] | None = None  # of ``sent``, when the request asked
     t_start: float | None = None
     t_first: float | None = None
 
@@ -231,6 +235,13 @@ class Scheduler:
         if req.slot is not None and not (isinstance(req.slot, (int, np.integer))
                                          and 0 <= req.slot < e.n_parallel):
             raise RequestError(f"slot must be in 0..{e.n_parallel - 1}, got {req.slot!r}")
+        lp = req.logprobs
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, (int, np.integer))
+                               or not 0 <= lp <= e.n_vocab):
+            raise RequestError(f"logprobs must be None or an integer in 0..{e.n_vocab} (the "
+                               f"alternatives reported per token), got {lp!r}")
+        if not isinstance(req.post_sampling_probs, bool):
+            raise RequestError("post_sampling_probs must be a boolean")
         return toks
 
 
@@ -388,9 +399,13 @@ class Scheduler:
         mt = req.max_tokens
         detok = tok.detokenizer() if tok is not None else None
         owner = _Owner(h, TextStream(detok, req.stop), stats=SpecStats() if spec else None)
+        lp = (None if req.logprobs is None
+              else LogprobRequest(int(req.logprobs), req.post_sampling_probs))
+        if lp is not None:
+            owner.logprobs = []
         seq = Sequence(h.id, slot, h.prompt_tokens,
                        UNLIMITED if mt is None or mt < 0 else int(mt), is_stop, spec,
-                       req.n_draft_max, owner=owner)
+                       req.n_draft_max, lp, owner=owner)
         self._active[slot] = seq
         info = self._slot_info[slot]
         info.last_used = time.monotonic()
@@ -426,7 +441,8 @@ class Scheduler:
                 last = s.n_done + T == len(s.prompt)
                 batch.prompt.append(PromptChunk(
                     s.slot, s.n_done, s.prompt[s.n_done:s.n_done + T], last,
-                    last and s.room(lim.n_ctx) > 0, s.spec, self._checkpoint_due(s, T)))
+                    last and s.room(lim.n_ctx) > 0, s.spec, self._checkpoint_due(s, T),
+                    s.logprobs))
                 if s.owner.t_start is None:
                     s.owner.t_start = now
         for s in self._active.values():
@@ -434,7 +450,7 @@ class Scheduler:
                 cap = lim.spec_n_max if s.n_max is None else s.n_max
                 n_draft = max(0, min(cap, s.room(lim.n_ctx) - 1)) if s.spec else 0
                 batch.decode.append(DecodeItem(s.slot, s.id, s.out[-1], n_draft, s.spec,
-                                               s.is_stop))
+                                               s.is_stop, s.logprobs))
         return batch
 
     def _checkpoint_due(self, s: Sequence, T: int) -> bool:
@@ -486,7 +502,7 @@ class Scheduler:
             with self._lock:
                 self._prompt_ms += o.timings.prompt_ms
             seq.status = SeqStatus.RUNNING
-            self._append(seq, so.tokens)
+            self._append(seq, so)
 
     def _update_decode(self, items: list[DecodeItem], out: StepOutput) -> None:
         py = out.decode_ms - out.device_ms
@@ -510,7 +526,7 @@ class Scheduler:
                 if so.spec:
                     own.record(so.n_drafted, so.n_accepted)
             seq.owner.timings.python_ms.append(py)
-            self._append(seq, so.tokens)
+            self._append(seq, so)
         now = time.monotonic()
         with self._lock:
             self._counts["decode_steps"] += 1
@@ -519,11 +535,13 @@ class Scheduler:
             while self._recent and now - self._recent[0][0] > 10.0:
                 self._recent.popleft()
 
-    def _append(self, seq: Sequence, tokens: list[int]) -> None:
+    def _append(self, seq: Sequence, so: SeqOutput) -> None:
         """Append the target's choices in order, one stop check after each; an event per
-        token; finish the sequence when one ends it or it has no room left."""
+        token (with its log-probabilities when the request asked); finish the sequence
+        when one ends it or it has no room left."""
         o = seq.owner
-        for t in tokens:
+        lps = so.logprobs
+        for i, t in enumerate(so.tokens):
             if seq.is_stop(t):
                 self._finish(seq, SeqStatus.FINISHED_EOS)
                 return
@@ -531,7 +549,11 @@ class Scheduler:
             o.sent.append(t)
             self._slot_info[seq.slot].n_decoded = len(o.sent)
             piece, stop = o.text.add(t)
-            o.handle._push(Event((t,), piece))
+            if lps is not None and o.logprobs is not None:
+                o.logprobs.append(lps[i])
+                o.handle._push(Event((t,), piece, (lps[i],)))
+            else:
+                o.handle._push(Event((t,), piece))
             if stop is not None:
                 seq.stop_word = stop
                 self._finish(seq, SeqStatus.FINISHED_STOP)
@@ -564,7 +586,8 @@ class Scheduler:
                          else "requests_finished"] += 1
             self._counts["generated_tokens"] += len(o.sent)
         o.handle._finish(Result(o.handle.id, o.text.text, list(o.sent), seq.prompt,
-                                seq.finish_reason, t, seq.slot, seq.stop_word, o.stats))
+                                seq.finish_reason, t, seq.slot, seq.stop_word, o.stats,
+                                o.logprobs))
 
     def _finish_waiting(self, h: RequestHandle) -> None:
         """A request cancelled before it got a slot."""

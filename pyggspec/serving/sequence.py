@@ -47,6 +47,32 @@ def emit_room(n_ctx: int, n_held: int, budget: int) -> int:
     return max(0, min(budget, n_ctx - n_held))
 
 
+@dataclass(frozen=True)
+class LogprobRequest:
+    """What a sequence asks to know of each token it emits: the ``n_top`` most likely
+    alternatives besides the token itself, from the raw softmax of the logits or, with
+    ``post_sampling``, from the sampler chain's distribution (llama-server's ``n_probs`` and
+    ``post_sampling_probs``)."""
+
+    n_top: int
+    post_sampling: bool = False
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One emitted token's log-probability under the target and the most likely tokens at
+    its position with theirs (most likely first; ties: lowest id). ``-inf``: the token had
+    probability 0 (a post-sampling filter removed it)."""
+
+    id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "logprob": self.logprob,
+                "top": [{"id": i, "logprob": lp} for i, lp in self.top]}
+
+
 @dataclass(eq=False)
 class Sequence:
     """One request's generation in one slot (vLLM v1's Request, reduced to what we use).
@@ -63,6 +89,7 @@ class Sequence:
     is_stop: Callable[[int], bool]  # end-of-generation test (never true with ignore_eos)
     spec: bool = False  # speculates (its slot keeps an MTP cache)
     n_max: int | None = None  # its draft cap (None: the engine's)
+    logprobs: LogprobRequest | None = None  # what to report of each token (None: nothing)
     n_cached: int = 0
     n_done: int = 0
     out: list[int] = field(default_factory=list)
@@ -97,6 +124,7 @@ class PromptChunk:
     sample: bool
     warm: bool
     checkpoint: bool = False
+    logprobs: LogprobRequest | None = None  # report the sampled token's (None: nothing)
 
 
 @dataclass(frozen=True)
@@ -110,6 +138,7 @@ class DecodeItem:
     n_draft: int
     spec: bool
     is_stop: Callable[[int], bool]
+    logprobs: LogprobRequest | None = None  # report each emitted token's (None: nothing)
 
 
 @dataclass
@@ -128,7 +157,8 @@ class Batch:
 class SeqOutput:
     """What the target chose for one sequence in a step: ``tokens`` in order (the last
     one may be an end-of-generation token: nothing follows it), the drafts verified and
-    accepted, and the graph evaluations the sequence took part in."""
+    accepted, the graph evaluations the sequence took part in, and, for a sequence that
+    asked, each token's log-probabilities (``logprobs[i]`` is ``tokens[i]``'s)."""
 
     tokens: list[int] = field(default_factory=list)
     n_drafted: int = 0
@@ -136,6 +166,7 @@ class SeqOutput:
     spec: bool = False  # a speculative row (its drafts count in the statistics)
     target_evals: int = 0
     mtp_evals: int = 0
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
