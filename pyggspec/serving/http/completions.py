@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -35,6 +36,28 @@ def install(app: FastAPI, state: ServerState) -> None:
     """Add the generation endpoints (and their 405 answers to GET) to ``app``."""
     cfg = state.config
 
+    def probs(gen: Any, lps: Any) -> list[dict[str, Any]] | None:
+        """The response's per-token objects for ``lps`` (None: the request asked for none)."""
+        if gen.n_probs is None:
+            return None
+        return oa.logprob_entries(lps or (), state.tokenizer.token_to_piece,
+                                  gen.post_sampling_probs)
+
+    def held(gen: Any) -> Callable[[Any, dict[str, Any] | None], None]:
+        """For OpenAI streams: collects each event's logprobs and puts those not yet sent
+        on the next chunk that carries text (the final one gets what is left, if any), so
+        every token's appear once, in order, and every text chunk has ``logprobs`` when
+        they were asked for."""
+        pending: list[Any] = []
+
+        def take(ev: Any, c: dict[str, Any] | None, last: bool = False) -> None:
+            pending.extend(ev.logprobs)
+            if c is not None and gen.n_probs is not None and (pending or not last):
+                c["choices"][0]["logprobs"] = {"content": probs(gen, pending)}
+                pending.clear()
+
+        return take
+
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -43,7 +66,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         model = state.model_name(body)
         messages = parse_messages(body)
         kwargs = parse_template_kwargs(body)
-        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="chat")
         # template and tokenizer off the event loop: a long conversation must not stall
         # the other streams
         ids = await asyncio.to_thread(
@@ -53,9 +76,11 @@ def install(app: FastAPI, state: ServerState) -> None:
         handle = await state.submit(ids, gen, rid, get_bool(body, "cache_prompt", True))
         if not gen.stream:
             result = await run_to_end(state, request, handle, t_start)
-            return JSONResponse(oa.chat_response(rid, created, model, result))
+            return JSONResponse(oa.chat_response(rid, created, model, result,
+                                                 probs(gen, result.logprobs)))
 
         first = [True]
+        logprobs = held(gen)
 
         def chunk(ev: Any) -> list[Any]:
             out = []
@@ -63,13 +88,16 @@ def install(app: FastAPI, state: ServerState) -> None:
                 first[0] = False
                 out.append(oa.chat_chunk(rid, created, model,
                                          {"role": "assistant", "content": None}))
-            if ev.text:
-                out.append(oa.chat_chunk(rid, created, model, {"content": ev.text}))
+            c = oa.chat_chunk(rid, created, model, {"content": ev.text}) if ev.text else None
+            logprobs(ev, c)
+            if c is not None:
+                out.append(c)
             return out
 
         def final(result: Result) -> list[Any]:
             out = chunk(NO_EVENT) if first[0] else []
             out.append(oa.chat_final_chunk(rid, created, model, result))
+            logprobs(NO_EVENT, out[-1], last=True)
             if gen.include_usage:
                 out.append(oa.usage_chunk(rid, created, model, result,
                                           "chat.completion.chunk"))
@@ -83,7 +111,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         body = await read_body(request)
         model = state.model_name(body)
         parts = parse_prompt(body, state.n_vocab)
-        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="completions")
         if body.get("suffix") is not None:
             raise ApiError(400, "'suffix' (infill) is not supported by pyggspec serve",
                            param="suffix", type="not_supported_error")
@@ -94,20 +122,25 @@ def install(app: FastAPI, state: ServerState) -> None:
         handle = await state.submit(ids, gen, rid, get_bool(body, "cache_prompt", True))
         if not gen.stream:
             result = await run_to_end(state, request, handle, t_start)
-            return JSONResponse(oa.completion_response(rid, created, model, result, prefix))
+            return JSONResponse(oa.completion_response(rid, created, model, result, prefix,
+                                                       probs(gen, result.logprobs)))
 
         echoed = [not prefix]
+        logprobs = held(gen)
 
         def chunk(ev: Any) -> list[Any]:
             text = ev.text
             if not echoed[0]:
                 echoed[0] = True
                 text = prefix + text
-            return [oa.completion_chunk(rid, created, model, text)] if text else []
+            c = oa.completion_chunk(rid, created, model, text) if text else None
+            logprobs(ev, c)
+            return [c] if c is not None else []
 
         def final(result: Result) -> list[Any]:
             out = chunk(NO_EVENT) if not echoed[0] else []
             out.append(oa.completion_final_chunk(rid, created, model, result))
+            logprobs(NO_EVENT, out[-1], last=True)
             if gen.include_usage:
                 out.append(oa.usage_chunk(rid, created, model, result, "text_completion"))
             return out
@@ -131,10 +164,14 @@ def install(app: FastAPI, state: ServerState) -> None:
         if not gen.stream:
             result = await run_to_end(state, request, handle, t_start)
             return JSONResponse(oa.llama_completion(model, result, settings, prompt_echo,
-                                                    gen.return_tokens, state.n_ctx))
+                                                    gen.return_tokens, state.n_ctx,
+                                                    probs(gen, result.logprobs)))
 
         def chunk(ev: Any) -> list[Any]:
-            return [oa.llama_chunk(ev.text, list(ev.tokens), -1)]
+            c = oa.llama_chunk(ev.text, list(ev.tokens), -1)
+            if ev.logprobs and gen.n_probs is not None:  # one token's, as llama-server
+                c["completion_probabilities"] = probs(gen, ev.logprobs)
+            return [c]
 
         def final(result: Result) -> list[Any]:
             last = oa.llama_completion(model, result, settings, prompt_echo, gen.return_tokens,

@@ -12,10 +12,12 @@ from __future__ import annotations
 import math
 import secrets
 import time
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.http.protocol import GenParams
+    from pyggspec.serving.sequence import TokenLogprob
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
           "cancelled": "stop"}
@@ -43,12 +45,52 @@ def timings(result: Any) -> dict[str, Any]:
     return result.timings.to_dict()
 
 
+# ---------------------------------------------------------------------------- logprobs
+LOG_ZERO = -3.4028234663852886e38  # llama-server's log(0): float32 lowest (JSON has no -inf)
+
+
+def utf8_complete(b: bytes) -> bytes:
+    """``b`` without a trailing incomplete UTF-8 character (llama-server's validate_utf8:
+    a token may end inside a character; its ``token`` text drops the part, ``bytes`` not)."""
+    for k in range(1, min(4, len(b)) + 1):
+        c = b[-k]
+        if c & 0xC0 == 0x80:  # a continuation byte: look further back for the lead
+            continue
+        need = 1 if c < 0x80 else 2 if c >> 5 == 6 else 3 if c >> 4 == 14 else 4
+        return b if need <= k else b[:-k]
+    return b
+
+
+def logprob_entries(lps: Iterable[TokenLogprob], piece: Callable[[int], bytes],
+                    post_sampling: bool) -> list[dict[str, Any]]:
+    """llama-server's per-token objects (``completion_probabilities``, and OpenAI's
+    ``logprobs.content``): ``id``, ``token``, ``bytes``, ``logprob`` and ``top_logprobs``
+    [{id, token, bytes, logprob}]; with ``post_sampling`` ``prob`` and ``top_probs``."""
+    key, top_key = ("prob", "top_probs") if post_sampling else ("logprob", "top_logprobs")
+
+    def one(tok: int, lp: float) -> dict[str, Any]:
+        b = piece(tok)
+        value = math.exp(lp) if post_sampling else lp if lp > -math.inf else LOG_ZERO
+        return {"id": tok, "token": utf8_complete(b).decode("utf-8", errors="replace"),
+                "bytes": list(b), key: value}
+
+    out = []
+    for t in lps:
+        d = one(t.id, t.logprob)
+        d[top_key] = [one(i, v) for i, v in t.top]
+        out.append(d)
+    return out
+
+
 # ---------------------------------------------------------------------------- chat
-def chat_response(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
+def chat_response(rid: str, created: int, model: str, result: Any,
+                  logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``logprobs``: :func:`logprob_entries` of the result's tokens, when asked for."""
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": "pyggspec",
-        "choices": [{"index": 0, "finish_reason": FINISH[result.stop_reason], "logprobs": None,
+        "choices": [{"index": 0, "finish_reason": FINISH[result.stop_reason],
+                     "logprobs": None if logprobs is None else {"content": logprobs},
                      "message": {"role": "assistant", "content": result.text}}],
         "usage": usage(result), "timings": timings(result),
     }
@@ -77,11 +119,15 @@ def usage_chunk(rid: str, created: int, model: str, result: Any, obj: str) -> di
 
 # ---------------------------------------------------------------------------- completions
 def completion_response(rid: str, created: int, model: str, result: Any,
-                        prefix: str = "") -> dict[str, Any]:
+                        prefix: str = "", logprobs: list[dict[str, Any]] | None = None,
+                        ) -> dict[str, Any]:
+    """``logprobs`` in llama-server's shape (``{"content": [...]}``, not OpenAI's legacy
+    ``tokens``/``token_logprobs`` lists), as its ``/v1/completions`` answers."""
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "system_fingerprint": "pyggspec",
-        "choices": [{"index": 0, "text": prefix + result.text, "logprobs": None,
+        "choices": [{"index": 0, "text": prefix + result.text,
+                     "logprobs": None if logprobs is None else {"content": logprobs},
                      "finish_reason": FINISH[result.stop_reason]}],
         "usage": usage(result), "timings": timings(result),
     }
@@ -107,11 +153,13 @@ def completion_final_chunk(rid: str, created: int, model: str, result: Any) -> d
 
 # ---------------------------------------------------------------------------- llama-server
 def llama_completion(model: str, result: Any, settings: dict[str, Any], prompt: Any,
-                     return_tokens: bool, n_ctx: int) -> dict[str, Any]:
+                     return_tokens: bool, n_ctx: int,
+                     probs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """llama-server's ``/completion`` result (the final stream chunk has the same fields,
-    with ``content`` empty)."""
+    with ``content`` empty); ``probs`` (:func:`logprob_entries`) become its
+    ``completion_probabilities`` when there are any."""
     n_prompt = len(result.prompt_tokens)
-    return {
+    out = {
         "index": 0, "content": result.text,
         "tokens": list(result.tokens) if return_tokens else [],
         "id_slot": result.slot, "stop": True, "model": model,
@@ -124,6 +172,9 @@ def llama_completion(model: str, result: Any, settings: dict[str, Any], prompt: 
         "tokens_cached": result.timings.cache_n + result.timings.prompt_n + len(result.tokens),
         "timings": timings(result),
     }
+    if probs:
+        out["completion_probabilities"] = probs
+    return out
 
 
 def llama_chunk(text: str, tokens: list[int], slot: int) -> dict[str, Any]:
@@ -173,12 +224,12 @@ def generation_settings(gen: GenParams, *, n_ctx: int, model_id: str, speculativ
         # request bans a token with (JSON has no -inf)
         "logit_bias": [{"bias": b if math.isfinite(b) else False, "token": t}
                        for t, b in s.logit_bias],
-        "n_probs": 0, "min_keep": 0, "grammar": "", "grammar_lazy": False,
+        "n_probs": gen.n_probs or 0, "min_keep": 0, "grammar": "", "grammar_lazy": False,
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,
         "generation_prompt": "", "samplers": list(s.samplers),
         "speculative.types": "draft-mtp" if spec else "none",
-        "timings_per_token": False, "post_sampling_probs": False,
+        "timings_per_token": False, "post_sampling_probs": gen.post_sampling_probs,
         "backend_sampling": backend_sampling,
         "lora": [],
         # pyggspec's own

@@ -267,9 +267,47 @@ class GenParams:
     n_draft_max: int | None = None  # "speculative.n_max": fewer drafts per step than -n-max
     return_tokens: bool = False
     echo: bool = False
+    n_probs: int | None = None  # alternatives reported per token (None: no logprobs at all)
+    post_sampling_probs: bool = False  # from the sampler chain's distribution, as probs
 
 
 MAX_STOP = 16
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (chat) and logprobs (completions)
+
+
+def parse_logprobs(body: Mapping[str, Any], api: str, n_vocab: int) -> int | None:
+    """How many alternatives to report per emitted token (None: no logprobs).
+
+    ``api`` names the field's meaning: ``"chat"`` (OpenAI: ``logprobs`` a boolean,
+    ``top_logprobs`` 0..20; llama-server's default of 20 when only ``logprobs`` is true;
+    ``top_logprobs`` 0 reports each token's own logprob only), ``"completions"`` (OpenAI's
+    legacy ``logprobs``: an integer 0..20) or ``"llama"`` (``/completion``: ``n_probs``,
+    with ``logprobs`` its alias). llama-server's ``n_probs`` is read on every endpoint and
+    wins; above the vocabulary it means all of it, as there. 0 is off except for chat's
+    ``top_logprobs``."""
+    n_probs = get_int(body, "n_probs", None)
+    if n_probs is not None and n_probs < 0:
+        raise invalid(f"'n_probs' must be >= 0, got {n_probs}", "n_probs")
+    if api == "chat":
+        lp = body.get("logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise invalid(f"'logprobs' must be a boolean, got {_kind(lp)} (top_logprobs sets "
+                          "how many alternatives)", "logprobs")
+        top = get_int(body, "top_logprobs", None)
+        if top is not None and not lp:
+            raise invalid("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise invalid(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}, got {top}",
+                          "top_logprobs")
+        if n_probs:
+            return min(n_probs, n_vocab)
+        return (20 if top is None else top) if lp else None
+    n = get_int(body, "logprobs", None)
+    if n is not None and (n < 0 or (api == "completions" and n > MAX_TOP_LOGPROBS)):
+        hi = f"between 0 and {MAX_TOP_LOGPROBS}" if api == "completions" else ">= 0"
+        raise invalid(f"'logprobs' must be {hi}, got {n}", "logprobs")
+    n = n_probs if n_probs is not None else n
+    return min(n, n_vocab) if n else None
 
 
 def parse_stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -333,16 +371,14 @@ def check_known_fields(body: Mapping[str, Any]) -> None:
 
 
 def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
-              default_max_tokens: int | None) -> GenParams:
-    """Everything but the prompt: sampling, limits, stop strings, streaming, extensions."""
+              default_max_tokens: int | None, api: str = "llama") -> GenParams:
+    """Everything but the prompt: sampling, limits, stop strings, streaming, logprobs
+    (``api``: ``"chat"``, ``"completions"`` or ``"llama"``, see :func:`parse_logprobs`),
+    extensions."""
     n = get_int(body, "n", 1)
     if n != 1:
         raise ApiError(400, f"'n' must be 1 (one choice per request), got {n}", param="n")
-    for key in ("logprobs", "top_logprobs", "n_probs"):
-        v = body.get(key)
-        if v not in (None, False, 0):
-            raise ApiError(400, f"'{key}' is not supported by pyggspec serve", param=key,
-                           type="not_supported_error")
+    n_probs = parse_logprobs(body, api, n_vocab)
     for key in ("grammar", "json_schema", "tools", "functions", "mirostat"):
         if body.get(key) not in (None, [], "", 0):
             raise ApiError(400, f"'{key}' is not supported by pyggspec serve", param=key,
@@ -374,6 +410,8 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
         speculative=spec,
         return_tokens=get_bool(body, "return_tokens", False),
         echo=get_bool(body, "echo", False),
+        n_probs=n_probs,
+        post_sampling_probs=get_bool(body, "post_sampling_probs", False),
     )
 
 

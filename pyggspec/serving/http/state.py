@@ -118,7 +118,8 @@ class ServerState:
                           "speculative.n_max")
         req = GenRequest(prompt=ids, max_tokens=gen.max_tokens, sampling=gen.sampling,
                          stop=gen.stop, ignore_eos=gen.ignore_eos, speculative=gen.speculative,
-                         n_draft_max=gen.n_draft_max, cache_prompt=cache_prompt, id=rid)
+                         n_draft_max=gen.n_draft_max, cache_prompt=cache_prompt, id=rid,
+                         logprobs=gen.n_probs, post_sampling_probs=gen.post_sampling_probs)
         try:
             return await asyncio.to_thread(self.scheduler.submit, req)
         except RequestError as e:

@@ -126,6 +126,7 @@ class _NoEvent:
 
     tokens: tuple[int, ...] = ()
     text = ""
+    logprobs: tuple = ()
 
 
 NO_EVENT = _NoEvent()
