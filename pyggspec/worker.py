@@ -22,6 +22,7 @@ The worker also offers the low-level evaluation behind ``Engine.decode/eval/deco
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pyggspec.errors import PyggspecError
+from pyggspec.memory import slotfile
 from pyggspec.memory.slots import SlotMemory
 from pyggspec.models.batch import StepResult, UBatch, chunk_group, padded_rows
 from pyggspec.sampling.host import chain_distribution
@@ -218,7 +220,7 @@ class Worker:
             T = max((len(d) for d in dtoks), default=0) + 1
             self.policy.observe_step(len(items), T, (time.perf_counter() - t_step) * 1000,
                                      sum(len(out.seqs[it.slot].tokens) for it in items
-                                         if it.slot in out.seqs))
+                                         if it.slot in out.seqs), n_mtp)
 
     def _draft(self, items: list[DecodeItem], caps: dict[int, int], drafting: set[int],
                ) -> tuple[dict, int]:
@@ -425,6 +427,36 @@ class Worker:
                 self.drafter.forget(dst)
             else:
                 self.drafter.carry[dst] = c
+
+    # --- slot files (llama-server's slot save / restore) ------------------------------
+    def save_slot(self, slot: int, path: str | os.PathLike, identity: Mapping) -> tuple[int, int]:
+        """Write ``slot``'s whole state (memory, and the drafter's carry-over when the
+        engine speculates) to ``path``. Returns (tokens saved, bytes written)."""
+        self.check_slot(slot)
+        d = self.drafter
+        sf = self.memory.export_state(slot, identity, d.carry.get(slot) if d else None, d)
+        return self.memory.length(slot), slotfile.write(path, sf)
+
+    def load_slot(self, slot: int, path: str | os.PathLike, identity: Mapping) -> tuple[int, int]:
+        """Make ``slot`` hold the state saved in ``path`` (refused with
+        :class:`~pyggspec.memory.slotfile.SlotFileError`, the slot untouched, when the
+        file is not from this model and cache setup). Returns (tokens, bytes read)."""
+        self.check_slot(slot)
+        sf, nbytes = slotfile.read(path)
+        try:
+            carry = self.memory.import_state(slot, sf, identity, self.drafter, self.n_ctx,
+                                             self.n_vocab)
+        except slotfile.SlotFileError:
+            raise  # refused before anything was written
+        except BaseException:
+            self.clear(slot)  # a write failed half-way: nothing of it may be reused
+            raise
+        if self.drafter is not None:
+            if carry is None:
+                self.drafter.forget(slot)
+            else:
+                self.drafter.carry[slot] = carry
+        return self.memory.length(slot), nbytes
 
     def check_slot(self, slot: int) -> None:
         """A one-line error for a sequence id that is not a slot."""

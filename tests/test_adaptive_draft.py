@@ -146,6 +146,19 @@ def test_cost_model_median_and_row_estimates():
     assert c.estimate("verify", 1, 8) == 400
 
 
+def test_a_one_row_step_that_ran_the_head_is_not_a_plain_step():
+    """Drafts all dropped after MTP runs: the step is not plain decoding's cost (counted as
+    one it made plain decoding look slower, and losing drafts look as if they paid)."""
+    b = budget(costs(step=34, per_row=30, mtp=12))
+    for _ in range(3):
+        b.observe_step(1, 1, 34.0, 1)  # plain steps
+    for _ in range(5):
+        b.observe_step(1, 1, 60.0, 1, mtp_runs=2)  # drafted twice, kept nothing
+    assert b.step_cost(1, 1) == pytest.approx(34.0)
+    assert b.plain_rate(1) == pytest.approx(1 / 34)
+    assert b.chosen[0] == 8
+
+
 # --- in the engine ---------------------------------------------------------------------------
 PROMPTS = [[300, 301, 302], [400, 401], [500, 501, 502, 503, 504], [310]]
 

@@ -283,12 +283,22 @@ class DraftBudget:
         """A graph run of ``kind`` ("verify", "mtp") took ``ms`` of compute."""
         self.costs.observe(kind, B, T, ms)
 
-    def observe_step(self, B: int, T: int, wall_ms: float, tokens: int) -> None:
-        """A whole step with ``T`` verify rows per sequence took ``wall_ms`` and emitted
-        ``tokens`` over the batch."""
-        self.costs.observe("step", B, T, wall_ms)
+    def observe_step(self, B: int, T: int, wall_ms: float, tokens: int, mtp_runs: int = 0,
+                     ) -> None:
+        """A whole step with ``T`` verify rows per sequence took ``wall_ms``, ran the MTP
+        head ``mtp_runs`` times and emitted ``tokens`` over the batch.
+
+        A one-row step that ran the head (its drafts all dropped, or owed pairs written)
+        is not a plain step: counted as one, it made plain decoding look a third slower
+        than it is on the benchmark CPU (47 ms against 34 ms), so drafting that loses to
+        plain decoding looked as if it paid. Its cost is the plain step's plus its runs."""
         self.chosen[min(T - 1, self.n_max)] += 1
-        cost = self.step_cost(B, T)  # this shape's typical wall time: one slow step is noise
+        if T > 1 or not mtp_runs:
+            self.costs.observe("step", B, T, wall_ms)
+            cost = self.step_cost(B, T)  # this shape's typical time: one slow step is noise
+        else:
+            plain, mtp = self.step_cost(B, 1), self.costs.estimate("mtp", B, 1)
+            cost = plain + mtp_runs * mtp if plain and mtp else wall_ms
         if cost:
             r = tokens / cost
             old = self._rate.get(B)
