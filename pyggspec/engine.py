@@ -17,7 +17,9 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from typing_extensions import Self
 from pyggspec.assemble import Parts, assemble, make_policy
 from pyggspec.config import EngineConfig, SpecConfig
 from pyggspec.errors import PyggspecError
+from pyggspec.modelfile.identity import model_identity
 from pyggspec.models.batch import StepResult
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import (
@@ -42,7 +45,8 @@ from pyggspec.serving.sequence import TokenLogprob
 from pyggspec.speculative.stats import SpecStats
 from pyggspec.worker import Worker
 
-__all__ = ["Engine", "EngineConfig", "Generation", "Piece", "Result", "SpecConfig", "Stream"]
+__all__ = ["Engine", "EngineConfig", "Generation", "Piece", "Result", "SlotFileResult",
+           "SpecConfig", "Stream"]
 
 # the start-up calibration's prompt (any ordinary text: the head's confidence is scored on
 # what the model generates after it)
@@ -59,6 +63,18 @@ class Piece:
     token: int
     text: str
     logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True)
+class SlotFileResult:
+    """What a slot action did: the slot, its tokens saved / restored / erased, the file's
+    bytes written or read (0 for erase) and the time it took (not counting the wait for
+    the slot)."""
+
+    slot: int
+    n_tokens: int
+    n_bytes: int
+    ms: float
 
 
 class Stream:
@@ -202,6 +218,54 @@ class Engine:
 
     def copy_seq(self, src: int, dst: int) -> None:
         self.worker.copy(src, dst)
+
+    # --- slot files (llama-server's --slot-save-path) ------------------------------------
+    @cached_property
+    def model_identity(self) -> dict[str, Any]:
+        """What a slot file records about this model and checks on restore
+        (:func:`pyggspec.modelfile.identity.model_identity`)."""
+        return model_identity(self._parts.model)
+
+    def slot_action(self, action: str, slot: int,
+                    path: str | os.PathLike | None = None) -> Future:
+        """``"save"`` ``slot``'s whole state to ``path``, ``"restore"`` it from ``path``,
+        or ``"erase"`` it, on the scheduler's thread once the slot is idle (as
+        llama-server defers them). A :class:`concurrent.futures.Future` of a
+        :class:`SlotFileResult`; a file that cannot be restored here fails it with
+        :class:`~pyggspec.memory.slotfile.SlotFileError` (the slot is left as it was)."""
+        self.worker.check_slot(slot)
+        if action not in ("save", "restore", "erase"):
+            raise ValueError(f"slot action must be save, restore or erase, not {action!r}")
+        if action != "erase" and path is None:
+            raise ValueError(f"slot action {action} needs a path")
+        worker = self.worker
+
+        def run() -> SlotFileResult:
+            t0 = time.perf_counter()
+            if action == "erase":
+                n, nbytes = worker.memory.length(slot), 0
+                worker.clear(slot)
+            elif action == "save":
+                n, nbytes = worker.save_slot(slot, path, self.model_identity)
+            else:
+                n, nbytes = worker.load_slot(slot, path, self.model_identity)
+            return SlotFileResult(slot, n, nbytes, (time.perf_counter() - t0) * 1000)
+
+        return self.scheduler.slot_action(slot, run)
+
+    def save_slot(self, slot: int, path: str | os.PathLike) -> SlotFileResult:
+        """Write ``slot``'s state (tokens, KV rows, recurrent state, checkpoints, MTP
+        cache and carry-over) to ``path``, once the slot is idle."""
+        return self.slot_action("save", slot, path).result()
+
+    def restore_slot(self, slot: int, path: str | os.PathLike) -> SlotFileResult:
+        """Make ``slot`` hold the state saved in ``path``: a request whose prompt starts
+        with its tokens continues from there (prompt reuse)."""
+        return self.slot_action("restore", slot, path).result()
+
+    def erase_slot(self, slot: int) -> SlotFileResult:
+        """Empty ``slot`` (``n_tokens``: the tokens it held)."""
+        return self.slot_action("erase", slot).result()
 
     # --- tokens -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:

@@ -61,6 +61,32 @@ class KVCache(LayerMemory):
         block = np.frombuffer(t.read_bytes(0, n * self.n_slots * row), np.uint8)
         return block.reshape(n, self.n_slots, row)[:, slot].copy()
 
+    def layout(self) -> dict[str, object]:
+        """What a saved slot's rows must match to be written here (layers, widths, types)."""
+        return {"layers": list(self.layers), "n_embd_k": self.n_embd_k,
+                "n_embd_v": self.n_embd_v, "type_k": self.type_k.lower,
+                "type_v": self.type_v.lower}
+
+    def tensors(self):
+        """``(kind, il, tensor)`` for every cache tensor ("k"/"v" of each layer)."""
+        for il in self.layers:
+            yield "k", il, self.k(il)
+            yield "v", il, self.v(il)
+
+    def set_cells(self, t: Tensor, slot: int, rows: np.ndarray) -> None:
+        """Write ``rows`` ([n, row_bytes] uint8, as :meth:`cells` reads them) into positions
+        ``0..n-1`` of ``slot`` in cache tensor ``t``. The slots' rows interleave, so this
+        reads the block of the first n positions, patches one slot's column and writes the
+        block back (two transfers instead of one per row)."""
+        n, row, S = rows.shape[0], t.nb[1], self.n_slots
+        if rows.shape != (n, row) or n > self.n_ctx:
+            raise ValueError(f"rows of shape {rows.shape} for {n} cells of {row} bytes")
+        if n == 0:
+            return
+        block = np.frombuffer(t.read_bytes(0, n * S * row), np.uint8).copy()
+        block.reshape(n, S, row)[:, slot] = rows
+        t.set(memoryview(block), 0)
+
     def copy(self, src: int, dst: int, n: int) -> None:
         """Make positions ``0..n-1`` of ``dst`` a copy of ``src``'s."""
         for il in self.layers:

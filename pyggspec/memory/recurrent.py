@@ -73,6 +73,15 @@ class RecurrentState(LayerMemory):
             raise ValueError(f"plane {plane} outside 0..{self.n_planes - 1}")
         self.current[slot] = plane
 
+    def layout(self) -> dict[str, object]:
+        """What a saved slot's state must match to be written here (layers and widths)."""
+        return {"layers": list(self.layers), "n_embd_r": self.n_embd_r,
+                "n_embd_s": self.n_embd_s}
+
+    def row_sizes(self) -> dict[tuple[str, int], int]:
+        """Bytes of one slot's row per ("conv" | "ssm", layer): a snapshot's entry sizes."""
+        return {(k, il): nb for k, il, _, nb, _ in self._rows(0)}
+
     # --- sequence operations ------------------------------------------------------------
     def _rows(self, slot: int):
         r = self.row(slot)

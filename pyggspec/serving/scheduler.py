@@ -44,6 +44,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +162,7 @@ class Scheduler:
              "prompt_tokens", "prompt_tokens_cached", "generated_tokens", "decode_steps",
              "prompt_chunks", "decode_busy_slots"), 0)
         self._prompt_ms = 0.0
+        self._actions: list[tuple[int, Callable[[], Any], Future]] = []  # see slot_action
     # --- submitting ---------------------------------------------------------------------
     def submit(self, request: Request) -> RequestHandle:
         """Validate and queue ``request`` (thread-safe); returns its handle.
@@ -249,12 +251,13 @@ class Scheduler:
     def step(self) -> bool:
         """One step: schedule -> run -> update. False when there was nothing to do."""
         with self._step_lock:
+            acted = self._run_slot_actions()
             admitted, cancelled = self._admit(), self._cancel_requested()
             batch = self.schedule()
             if batch:
                 self.update(batch, self.worker.run(batch))
             # a freed slot may admit a waiting request at the next step
-            return bool(admitted or batch or (cancelled and self._waiting))
+            return bool(acted or admitted or batch or (cancelled and self._waiting))
 
     def run_until_idle(self) -> None:
         """Step until no request is waiting or running (synchronous mode)."""
@@ -297,7 +300,8 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._stopping and not self._waiting and not self._active:
+                while (not self._stopping and not self._waiting and not self._active
+                       and not self._actions):
                     self._cv.wait()
                 if self._stopping and (not self._drain or not (self._waiting or self._active)):
                     break
@@ -309,6 +313,7 @@ class Scheduler:
                     self._fail(seq, RuntimeError("internal error in the scheduler step"))
         if not self._drain:
             self._cancel_all()
+        self._drop_slot_actions()
 
     def _cancel_all(self) -> None:
         with self._step_lock:
@@ -338,6 +343,50 @@ class Scheduler:
         """Wake the background thread (a request was submitted or cancelled)."""
         with self._cv:
             self._cv.notify_all()
+
+    # --- slot actions (llama-server's POST /slots/{id}?action=save|restore|erase) -----------
+    def slot_action(self, slot: int, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` (work on ``slot``'s memory) on the thread that owns the engine, at the
+        start of a step in which ``slot`` is idle: llama-server defers a slot action until
+        its slot has finished its request, and so do we. Returns a
+        :class:`concurrent.futures.Future` of ``fn``'s result (thread-safe; without the
+        background thread the call drives the loop until it is done)."""
+        fut: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise SchedulerClosed()
+            self._actions.append((slot, fn, fut))
+            self._cv.notify_all()
+        if not self.running:
+            while not fut.done() and self.step():
+                pass
+        return fut
+
+    def _run_slot_actions(self) -> bool:
+        """Run the queued slot actions whose slot is idle (in the step, before admission:
+        a request queued after an action sees what it did)."""
+        if not self._actions:
+            return False
+        with self._cv:
+            due = [a for a in self._actions if a[0] not in self._active]
+            self._actions = [a for a in self._actions if a[0] in self._active]
+        for slot, fn, fut in due:
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except Exception as e:  # noqa: BLE001 - the caller gets it; the loop carries on
+                fut.set_exception(e)
+            info = self._slot_info[slot]  # the slot holds something else now
+            info.last_used, info.n_decoded = time.monotonic(), 0
+        return bool(due)
+
+    def _drop_slot_actions(self) -> None:
+        with self._cv:
+            left, self._actions = self._actions, []
+        for _, _, fut in left:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(SchedulerClosed())
 
     # --- admission and prompt reuse ---------------------------------------------------------
     def _admit(self) -> int:

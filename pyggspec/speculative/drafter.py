@@ -44,6 +44,7 @@ from typing import Protocol
 
 import numpy as np
 
+from pyggspec.memory.slotfile import SlotFile, SlotFileError
 from pyggspec.models.batch import catch_up_rows
 from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult, argmax_probability
 from pyggspec.sampling.chain import RowInput, SamplerChain
@@ -431,3 +432,20 @@ class MtpDrafter:
     def forget(self, slot: int) -> None:
         """The slot's MTP pairs after its cache length are unknown from now on."""
         self.carry.pop(slot, None)
+
+    # --- slot files: the carry is written with the slot's memory (SlotMemory's CarryCodec)
+    def encode_carry(self, carry: Carry, sf: SlotFile, prefix: str) -> dict:
+        """Add ``carry``'s arrays to slot file ``sf`` under ``prefix``; its JSON part."""
+        sf.add(prefix + "tokens", np.asarray(carry.tokens, np.int32))
+        sf.add(prefix + "hidden", np.asarray(carry.hidden, np.float32))
+        return {"pos0": int(carry.pos0)}
+
+    def decode_carry(self, meta: Mapping, sf: SlotFile, prefix: str) -> Carry:
+        """The carry :meth:`encode_carry` wrote (shapes checked against this head)."""
+        tokens, hidden = sf.get(prefix + "tokens"), sf.get(prefix + "hidden")
+        if (tokens.ndim != 1 or hidden.ndim != 2 or hidden.shape[1] != self.n_embd
+                or hidden.shape[0] not in (0, len(tokens) + 1)):
+            raise SlotFileError(None, f"the slot file's MTP carry-over ({prefix}) has "
+                                f"shapes {tokens.shape} and {hidden.shape}")
+        return Carry(int(meta["pos0"]), tuple(int(t) for t in tokens),
+                     np.array(hidden, np.float32))
