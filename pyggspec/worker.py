@@ -46,6 +46,7 @@ from pyggspec.serving.sequence import (
     StepOutput,
     TokenLogprob,
 )
+from pyggspec.speculative.drafter import OWED_PAIRS_MAX
 from pyggspec.speculative.rejection import accept_rejection
 from pyggspec.speculative.verify import accept
 
@@ -308,8 +309,8 @@ class Worker:
                        ) -> tuple[dict[int, int], bool, set[int]]:
         """Per speculating slot its most drafts (the scheduler's cap; 0 when the budget
         finds that drafting cannot pay this step), whether the budget decides, and the
-        slots that draft this step (one the budget gives nothing keeps its pairs owed while
-        they are few: the MTP head rests)."""
+        slots that draft this step (one the budget gives nothing keeps its pairs owed, up
+        to ``OWED_PAIRS_MAX``: the MTP head rests, and writes them in one batch later)."""
         caps = {it.slot: it.n_draft for it in items if it.spec}
         policy = self.policy
         if policy is None or not caps:
@@ -317,8 +318,9 @@ class Worker:
         slots = list(caps)
         k = policy.plan(slots, list(caps.values()), [self._regime(s) for s in slots])
         caps = {slot: min(c, k) for slot, c in caps.items()}
-        n_max, carry = self.spec.n_max, self.drafter.carry
-        drafting = {s for s, c in caps.items() if c > 0 or len(carry[s].tokens) + 1 > n_max}
+        carry = self.drafter.carry
+        drafting = {s for s, c in caps.items()
+                    if c > 0 or len(carry[s].tokens) + 1 > OWED_PAIRS_MAX}
         return caps, True, drafting
 
     def _regime(self, slot: int) -> str:

@@ -97,7 +97,7 @@ def test_no_drafting_where_it_cannot_pay():
     assert good.plan([0], [3], ["greedy"]) == 3
     exploring = budget(c, model=learnt(AcceptanceModel(), "greedy", [(0.5, 0.3)]), explore=4)
     picks = [exploring.plan([0], [3], ["greedy"]) for _ in range(8)]
-    assert picks.count(3) == 2 and picks.count(0) == 6
+    assert picks == [0, 0, 0, 3, 0, 0, 0, 0]  # the next exploring step waits 8
     assert budget(CostModel()).plan([0], [2], ["greedy"]) == 2  # nothing measured: draft
     assert good.plan([0], [0], ["greedy"]) == 0 and good.plan([], [], []) == 0
 
@@ -157,6 +157,20 @@ def test_a_one_row_step_that_ran_the_head_is_not_a_plain_step():
     assert b.step_cost(1, 1) == pytest.approx(34.0)
     assert b.plain_rate(1) == pytest.approx(1 / 34)
     assert b.chosen[0] == 8
+
+
+def test_exploring_while_declined_backs_off():
+    """Each exploring step where drafting still loses doubles the wait for the next one;
+    a step where drafting pays resets it."""
+    c = costs(step=100, per_row=100, mtp=30)  # a verify row costs a whole step: never pays
+    b = DraftBudget(3, c, padded_rows, learnt(AcceptanceModel(), "greedy", [(0.9, 0.3)]),
+                    explore_every=0, idle_explore_every=4)
+    b.observe_step(1, 1, 100.0, 1)
+    explored = [i for i in range(64) if b.plan([0], [3], ["greedy"]) > 0]
+    assert explored == [3, 11, 27, 59]  # waits of 4, 8, 16, 32 declined steps
+    b.costs = costs(step=100, per_row=1, mtp=1)
+    b.costs.observe("step", 1, 1, 100.0)
+    assert b.plan([0], [3], ["greedy"]) > 0 and b._idle_next == 4
 
 
 # --- in the engine ---------------------------------------------------------------------------

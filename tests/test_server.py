@@ -219,7 +219,9 @@ def test_stop_strings_and_speculation_off(http):
             "temperature": 0}
     full = http.post("/completion", json=body).json()
     text = full["content"]
-    assert full["timings"]["draft_n"] > 0  # the server speculates by default
+    # the server speculates by default (whether a step drafts is the calibrated budget's
+    # call from measured costs, so the draft count depends on the machine's load)
+    assert full["generation_settings"]["speculative.types"] == "draft-mtp"
     cut = next(i for i in range(len(text) // 2, len(text)) if not text[i].isspace())
     stop = text[cut:cut + 2]
     cut = text.index(stop)

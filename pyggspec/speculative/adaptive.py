@@ -8,8 +8,9 @@ is a fixed length (``--spec-draft-n-max`` is only the cap):
 * **whether to draft** this step (:meth:`DraftBudget.plan`): when no length, with the
   acceptance observed so far per position, is predicted to beat a step that drafts
   nothing, the step drafts nothing and the MTP head rests (its owed pairs are written
-  later in one batch); every ``idle_explore_every`` declined steps one drafts anyway, so
-  a change in the content is noticed;
+  later in one batch); after ``idle_explore_every`` declined steps one drafts anyway, so
+  a change in the content is noticed -- the wait doubling (to ``IDLE_EXPLORE_MAX``) each
+  time it finds drafting still loses, as each such step costs what drafting loses;
 * **which drafts to verify** (:meth:`DraftBudget.decide`, the drafter's gate after every
   MTP run): each draft's acceptance is predicted from the head's confidence in it and its
   position by :class:`~pyggspec.speculative.calibration.AcceptanceModel` (calibrated
@@ -41,6 +42,7 @@ import numpy as np
 
 from pyggspec.speculative.calibration import AcceptanceModel
 
+IDLE_EXPLORE_MAX = 512  # most declined steps between two that draft anyway
 RATE_DECAY = 0.95  # weight of the old average in the realized rate (about 20 steps)
 RECENT = 9  # observations per shape whose median is its cost
 
@@ -118,7 +120,10 @@ class DraftBudget:
         self.pad = pad  # rows the verify graph really runs for (T, B)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         self.explore_every = explore_every  # drafting steps between two that go one deeper
-        self.idle_explore_every = idle_explore_every  # declined steps between two that draft
+        # declined steps before one drafts anyway; doubled after each such step that finds
+        # drafting still does not pay (up to IDLE_EXPLORE_MAX), reset when it pays again
+        self.idle_explore_every = idle_explore_every
+        self._idle_next = idle_explore_every
         self.forced = False  # draft to the cap, keep everything (startup calibration)
         self.chosen: list[int] = [0] * (n_max + 1)  # verify steps by drafts kept (the batch's)
         self.declined = 0  # steps that drafted nothing because drafting could not pay
@@ -199,9 +204,13 @@ class DraftBudget:
             return limit
         if not self._pays(B, limit, caps, regimes):
             self._n_idle += 1
-            if not self.idle_explore_every or self._n_idle % self.idle_explore_every:
+            if not self.idle_explore_every or self._n_idle < self._idle_next:
                 self.declined += 1
                 return 0
+            self._n_idle = 0  # explore this step; if drafting still loses, wait longer
+            self._idle_next = min(2 * self._idle_next, IDLE_EXPLORE_MAX)
+        else:
+            self._idle_next = self.idle_explore_every
         self._n_drafting += 1
         self._explore = bool(self.explore_every) and self._n_drafting % self.explore_every == 0
         return limit
@@ -311,6 +320,7 @@ class DraftBudget:
         self.declined = 0
         self._rate.clear()
         self._n_drafting = self._n_idle = 0
+        self._idle_next = self.idle_explore_every
 
     def to_dict(self) -> dict:
         return {"chosen_lengths": list(self.chosen), "declined_steps": self.declined,
