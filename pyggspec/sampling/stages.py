@@ -78,18 +78,45 @@ def argmax_lowest(c: Cand) -> int:
     return int(ids[c.logits == m].min())
 
 
+TOPK_SAMPLE = 4096  # logits sampled to bound the k-th largest before a full partition
+
+
 def topk_exact(c: Cand, k: int) -> Cand:
-    """The k largest logits; ties at the boundary go to the lowest ids."""
+    """The k largest logits; ties at the boundary go to the lowest ids.
+
+    On a big row the k-th largest of a strided sample bounds the row's from below, so the
+    row is cut to what lies above the bound before partitioning: numpy's partition takes
+    ~26 ms on a 248k row that is mostly one value with a few others (a nearly flat head, the
+    benchmark models' off-cycle logits), 1.4 ms on a random one, and the cut makes both
+    ~0.2 ms. Same candidates, same order as partitioning the whole row."""
     n = len(c.logits)
     if k >= n:
         return c if c.ids is not None else c.take(np.arange(n))
+    if n >= 8 * TOPK_SAMPLE and 4 * k <= TOPK_SAMPLE:
+        sample = c.logits[:: n // TOPK_SAMPLE]
+        bound = np.partition(sample, len(sample) - k)[len(sample) - k]  # <= the k-th largest
+        above = np.flatnonzero(c.logits > bound)
+        if len(above) >= k:  # the k largest are all above it: the same rule on fewer
+            return topk_exact(c.take(above), k)
+        # fewer than k above: the k-th largest is the bound itself, ties to the lowest ids
+        eq = _lowest_ids(c, np.flatnonzero(c.logits == bound), k - len(above))
+        return c.take(np.concatenate([above, eq]))
     t = np.partition(c.logits, n - k)[n - k]
     gt = np.flatnonzero(c.logits > t)
-    eq = np.flatnonzero(c.logits == t)
-    need = k - len(gt)
-    if c.ids is not None:
-        eq = eq[np.argsort(c.ids[eq], kind="stable")]
-    return c.take(np.concatenate([gt, eq[:need]]))
+    eq = _lowest_ids(c, np.flatnonzero(c.logits == t), k - len(gt))
+    return c.take(np.concatenate([gt, eq]))
+
+
+def _lowest_ids(c: Cand, pos: np.ndarray, need: int) -> np.ndarray:
+    """The ``need`` positions of ``pos`` with the lowest ids, by ascending id (ids are
+    distinct, so selecting them first is exact and avoids sorting a big tie)."""
+    if c.ids is None:
+        return pos[:need]  # positions are ids, already ascending
+    ids = c.ids[pos]
+    if len(pos) > need > 0:
+        sel = np.argpartition(ids, need - 1)[:need]
+        return pos[sel[np.argsort(ids[sel])]]
+    return pos[np.argsort(ids, kind="stable")][:need]
 
 
 # --- stages -------------------------------------------------------------------------------
