@@ -156,9 +156,9 @@ def test_an_unaccepted_value_of_a_no_op_flag_is_refused(built):
     assert r.output.count("\n") == 1
     for v in ("on", "off", "auto", "ON"):
         assert built("serve", "--flash-attn", v)[1] is not None
-    r, _ = built("serve", "--reasoning-format", "deepseek")
+    r, _ = built("run", "--reasoning-format", "deepseek")  # serve honours it (chat parsing)
     assert r.exit_code == 2 and "--reasoning-format deepseek: not supported" in r.output
-    assert built("serve", "--reasoning-format", "none")[1] is not None
+    assert built("run", "--reasoning-format", "none")[1] is not None
     assert built("run", "-rea", "auto")[1] is not None
     assert built("run", "-rea", "on")[0].exit_code == 2
 

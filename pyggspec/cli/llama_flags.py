@@ -50,8 +50,8 @@ _INTERACTIVE = "pyggspec run is one-shot (no interactive mode)"
 _ROUTER = "one model per server (no router mode)"
 _LOG = "pyggspec logs to stderr; serve has --log-level"
 _WEBUI = "pyggspec serve has no web UI"
-_REASONING = ("reasoning is not parsed out of the text: it stays in the content, as "
-              "with --reasoning-format none")
+_REASONING = ("run prints the text as generated: reasoning stays in it, as with "
+              "--reasoning-format none")
 _EMBED = "pyggspec serve generates text only, no embeddings or reranking"
 _TEMPLATE_RUN = "pyggspec run renders the GGUF's own template with -cnv; serve has the options"
 _TF = "on|off|auto|enabled|disabled|true|false|1|0"
@@ -174,13 +174,13 @@ TABLE = f"""
 --ui-config --webui-config --ui-config-file --webui-config-file :: 1 s R :: {_WEBUI}
 --ui --webui --ui-mcp-proxy --webui-mcp-proxy :: 0 s R :: {_WEBUI}
 --no-ui --no-webui --no-ui-mcp-proxy --no-webui-mcp-proxy :: 0 s N :: {_WEBUI}
---tools --tools-runtime --mcp-servers-config --mcp-servers-json :: 1 s R :: tools are refused by the server
--ag --agent :: 0 s R :: tools are refused by the server
--no-ag --no-agent :: 0 s N :: tools are refused by the server
+--tools --tools-runtime --mcp-servers-config --mcp-servers-json :: 1 s R :: no built-in server tools (a request's own tools work)
+-ag --agent :: 0 s R :: no built-in server tools (a request's own tools work)
+-no-ag --no-agent :: 0 s N :: no built-in server tools
 --embedding --embeddings --rerank --reranking :: 0 s R :: {_EMBED}
 --api-key-file :: 1 s H
 --ssl-key-file --ssl-cert-file :: 1 s R :: no TLS; put a reverse proxy in front
---chat-template-kwargs :: 1 sr R :: pass chat_template_kwargs per request
+--chat-template-kwargs :: 1 s/r H/R :: run renders the GGUF's template as is
 -to --timeout --sse-ping-interval :: 1 s N :: uvicorn's defaults hold connections
 --threads-http :: 1 s N :: one asyncio event loop serves HTTP
 --cache-prompt :: 0 s N :: prompt reuse is always on; per request: cache_prompt
@@ -194,15 +194,15 @@ TABLE = f"""
 --models-dir --models-preset --models-max :: 1 s R :: {_ROUTER}
 --models-autoload --no-models-autoload :: 0 s R :: {_ROUTER}
 --jinja --no-jinja :: 0 s/r H/R :: {_TEMPLATE_RUN}
---reasoning-format :: 1 sr N=none :: {_REASONING}
--rea --reasoning :: 1 sr N=auto :: the template's default decides; per request: chat_template_kwargs
---reasoning-effort :: 1 sr N=default :: the template's default decides; per request: chat_template_kwargs
---reasoning-budget :: 1 sr N=-1 :: no thinking budget
---reasoning-budget-message :: 1 sr R :: no thinking budget
---reasoning-preserve --no-reasoning-preserve :: 0 sr R :: {_REASONING}
+--reasoning-format :: 1 s/r H/N=none :: {_REASONING}
+-rea --reasoning :: 1 s/r H/N=auto :: the template's default decides
+--reasoning-effort :: 1 s/r H/N=default :: the template's default decides
+--reasoning-budget :: 1 s/r H/N=-1 :: no thinking budget
+--reasoning-budget-message :: 1 s/r H/R :: no thinking budget
+--reasoning-preserve --no-reasoning-preserve :: 0 sr R :: the chat template's own rule decides which turns keep their reasoning
 --chat-template :: 1 s/r H/R :: {_TEMPLATE_RUN}
 --chat-template-file :: 1 s/r H/R :: {_TEMPLATE_RUN}
---skip-chat-parsing --no-skip-chat-parsing :: 0 sr N :: chat output is never parsed
+--skip-chat-parsing --no-skip-chat-parsing :: 0 s/r H/N :: run's output is never parsed
 --prefill-assistant --no-prefill-assistant :: 0 s R :: a trailing assistant message is rendered by the template as is
 -sps --slot-prompt-similarity :: 1 s N :: a request takes the slot with the longest reusable prefix
 --sleep-idle-seconds :: 1 s R :: the model stays loaded

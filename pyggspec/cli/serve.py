@@ -7,6 +7,7 @@ slot (pyggspec's engine holds ``-np`` sequences of ``-c`` tokens each).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -55,6 +56,37 @@ def _chat_template(name: str | None, path: Path | None) -> str | None:
     raise FlagRefused(f"--chat-template {name}: not supported by pyggspec serve (of "
                       "llama.cpp's built-in template names only 'chatml'; give Jinja text "
                       "or --chat-template-file)")
+
+
+def _tristate(value: str) -> str:
+    """llama.cpp's on|off|auto values (and their spellings: enabled/true/1, disabled/
+    false/0, -1) -> on, off or auto."""
+    v = value.lower()
+    for canon, spellings in (("on", ("on", "enabled", "true", "1")),
+                             ("off", ("off", "disabled", "false", "0")),
+                             ("auto", ("auto", "-1"))):
+        if v in spellings:
+            return canon
+    raise click.BadParameter(f"{value!r} is not one of on, off, auto")
+
+
+def _template_kwargs(text: str | None, effort: str) -> dict:
+    """``--chat-template-kwargs`` (a JSON object) and ``--reasoning-effort`` (given to the
+    template unless 'default'), as llama-server merges them into every request's."""
+    out: dict = {}
+    if text is not None:
+        try:
+            out = json.loads(text)
+        except ValueError as e:
+            raise click.BadParameter(f"not JSON: {e}", param_hint="--chat-template-kwargs")
+        if not isinstance(out, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--chat-template-kwargs")
+        if "enable_thinking" in out and not isinstance(out["enable_thinking"], bool):
+            raise click.BadParameter("enable_thinking must be true or false",
+                                     param_hint="--chat-template-kwargs")
+    if effort != "default":
+        out["reasoning_effort"] = effort
+    return out
 
 
 def _api_key(key: str | None, key_file: Path | None) -> str | None:
@@ -135,6 +167,29 @@ def _add_cors(app, origins: str | None, methods: str | None, headers: str | None
                    "file's.")
 @click.option("--log-level", "log_level", type=click.Choice(["debug", "info", "warning",
               "error"]), default="info", show_default=True)
+@click.option("--reasoning-format", "reasoning_format", default="auto", show_default=True,
+              type=click.Choice(["none", "auto", "deepseek", "deepseek-legacy"]),
+              help="Chat answers: 'none' leaves <think>...</think> in the content; 'auto' / "
+                   "'deepseek' put it in reasoning_content (a request's reasoning_format "
+                   "overrides).")
+@click.option("-rea", "--reasoning", "reasoning", default="auto", show_default=True,
+              metavar="on|off|auto", callback=lambda c, p, v: _tristate(v),
+              help="Thinking in chat answers (the template's enable_thinking; auto: on when "
+                   "the template thinks).")
+@click.option("--reasoning-effort", "reasoning_effort", default="default", show_default=True,
+              metavar="LEVEL", help="reasoning_effort given to the chat template ('default': "
+              "not given).")
+@click.option("--reasoning-budget", "reasoning_budget", type=click.IntRange(min=-1),
+              default=-1, show_default=True,
+              help="Thinking tokens before </think> is forced (-1: no limit, 0: no thinking).")
+@click.option("--reasoning-budget-message", "reasoning_budget_message", default="",
+              metavar="TEXT", help="Text inserted before the forced </think>.")
+@click.option("--chat-template-kwargs", "chat_template_kwargs", default=None, metavar="JSON",
+              help="Extra chat template variables for every request, a JSON object (a "
+                   "request's chat_template_kwargs override).")
+@click.option("--skip-chat-parsing/--no-skip-chat-parsing", "skip_chat_parsing",
+              default=False, help="Leave chat answers unparsed: reasoning and tool calls "
+              "stay in the content.")
 @sampling_options
 @llama_flags("serve")
 @engine_config
@@ -143,7 +198,10 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
           chat_template_file: Path | None, log_level: str, api_key_file: Path | None = None,
           cors_origins: str | None = None, cors_methods: str | None = None,
           cors_headers: str | None = None, cors_credentials: bool | None = None,
-          chat_template: str | None = None) -> None:
+          chat_template: str | None = None, reasoning_format: str = "auto",
+          reasoning: str = "auto", reasoning_effort: str = "default",
+          reasoning_budget: int = -1, reasoning_budget_message: str = "",
+          chat_template_kwargs: str | None = None, skip_chat_parsing: bool = False) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
 
@@ -155,6 +213,7 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     template = _chat_template(chat_template, chat_template_file)
+    template_kwargs = _template_kwargs(chat_template_kwargs, reasoning_effort)
     api_key = _api_key(api_key, api_key_file)
     synthetic = False
     if model is None:
@@ -175,7 +234,12 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
         server_config = ServerConfig(model_id=name, model_path=str(model), api_key=api_key,
                                      sampling=config.sampling,
                                      n_predict=None if n_predict < 0 else n_predict,
-                                     synthetic=synthetic, jinja=jinja, chat_template=template)
+                                     synthetic=synthetic, jinja=jinja, chat_template=template,
+                                     reasoning_format=reasoning_format, reasoning=reasoning,
+                                     reasoning_budget=reasoning_budget,
+                                     reasoning_budget_message=reasoning_budget_message,
+                                     chat_template_kwargs=template_kwargs,
+                                     skip_chat_parsing=skip_chat_parsing)
         try:
             app = create_app(engine, server_config, max_queue=max_queue)
         except ValueError as e:

@@ -100,14 +100,26 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as e:
             raise ValueError(f"the chat template does not compile: {e}") from None
 
+    @property
+    def thinks(self) -> bool:
+        """Whether the template has a thinking block (llama.cpp's test for Qwen-style
+        templates: ``<think>`` in the source, rendered with Jinja)."""
+        return self.jinja and "<think>" in self.source
+
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-               kwargs: Mapping[str, Any] | None = None) -> str:
+               kwargs: Mapping[str, Any] | None = None,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
         """The prompt text; a template that rejects the conversation (``raise_exception``,
-        a wrong role order) is the client's error: HTTP 400 with the template's message."""
+        a wrong role order) is the client's error: HTTP 400 with the template's message.
+        ``tools`` (OpenAI's ``tools[]``) reach the template as ``tools`` when there are any,
+        as llama-server passes them."""
         if not self.jinja:
             if kwargs:
                 raise ApiError(400, "'chat_template_kwargs' needs the Jinja renderer (the "
                                "server runs with --no-jinja)", param="chat_template_kwargs")
+            if tools:
+                raise ApiError(400, "'tools' needs the Jinja renderer (the server runs with "
+                               "--no-jinja)", param="tools")
             try:
                 return self.tokenizer.apply_chat_template(
                     [dict(m) for m in messages], add_generation_prompt=add_generation_prompt)
@@ -117,6 +129,8 @@ class ChatTemplate:
         import jinja2
 
         variables = dict(self._specials)
+        if tools:
+            variables["tools"] = [dict(t) for t in tools]
         variables.update(kwargs or {})
         variables["messages"] = [dict(m) for m in messages]
         variables["add_generation_prompt"] = add_generation_prompt
@@ -127,6 +141,32 @@ class ChatTemplate:
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
             raise ApiError(400, f"chat template failed on these messages: "
                            f"{type(e).__name__}: {e}", param="messages") from None
+
+
+    def generation_prompt(self, messages: Sequence[Mapping[str, Any]], prompt: str,
+                          kwargs: Mapping[str, Any] | None = None,
+                          tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """What the template appends to ``messages`` for the answer (``prompt`` rendered
+        with the generation prompt, minus the same conversation rendered without it), e.g.
+        Qwen3.5's ``<|im_start|>assistant\\n<think>\\n``: llama.cpp parses the answer with this
+        in front, so the answer starts inside an open thinking block. "" with --no-jinja or
+        when the template refuses the conversation without a generation prompt."""
+        if not self.jinja:
+            return ""
+        try:
+            bare = self.render(messages, False, kwargs, tools)
+        except ApiError:
+            return ""
+        if prompt.startswith(bare):  # the usual case: the answer's header is appended
+            return prompt[len(bare):]
+        lo, hi = 0, min(len(bare), len(prompt))  # longest common prefix, by bisection
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if prompt[:mid] == bare[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return prompt[lo:]
 
 
 def parse_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:

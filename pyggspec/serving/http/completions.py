@@ -18,7 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from pyggspec.serving.http import openai_api as oa
-from pyggspec.serving.http.chat import parse_template_kwargs
+from pyggspec.serving.http.chat_parse import ChatStream, parse_final
+from pyggspec.serving.http.chat_request import ChatPrompt, parse_chat_request, render_chat
+from pyggspec.serving.http.chat_run import ChatRun, plan_for
 from pyggspec.serving.http.protocol import (
     ApiError,
     get_bool,
@@ -65,22 +67,31 @@ def install(app: FastAPI, state: ServerState) -> None:
         body = await read_body(request)
         model = state.model_name(body)
         messages = parse_messages(body)
-        kwargs = parse_template_kwargs(body)
+        chat = parse_chat_request(body, messages, cfg, state.template)
         gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="chat")
-        # template and tokenizer off the event loop: a long conversation must not stall
-        # the other streams
-        ids = await asyncio.to_thread(
-            lambda: state.tokenize_prompt([state.template.render(messages, True, kwargs)]))
+
+        def prepare() -> tuple[ChatPrompt, list[int]]:
+            # template and tokenizer off the event loop: a long conversation must not stall
+            # the other streams
+            prompt = render_chat(state.template, chat, cfg.skip_chat_parsing)
+            return prompt, state.tokenize_prompt([prompt.text])
+
+        prompt, ids = await asyncio.to_thread(prepare)
         state.check_context(ids, gen)
         rid, created = oa.new_id("chatcmpl"), oa.now()
-        handle = await state.submit(ids, gen, rid, get_bool(body, "cache_prompt", True))
+        cache_prompt = get_bool(body, "cache_prompt", True)
+        plan = plan_for(prompt, chat.reasoning_budget, chat.reasoning_budget_message)
+        handle = (await ChatRun(state, plan, ids, gen, rid, cache_prompt).start() if plan
+                  else await state.submit(ids, gen, rid, cache_prompt))
         if not gen.stream:
             result = await run_to_end(state, request, handle, t_start)
+            message = parse_final(result.text, prompt.syntax)
             return JSONResponse(oa.chat_response(rid, created, model, result,
-                                                 probs(gen, result.logprobs)))
+                                                 probs(gen, result.logprobs), message))
 
         first = [True]
         logprobs = held(gen)
+        parser = ChatStream(prompt.syntax)
 
         def chunk(ev: Any) -> list[Any]:
             out = []
@@ -88,15 +99,15 @@ def install(app: FastAPI, state: ServerState) -> None:
                 first[0] = False
                 out.append(oa.chat_chunk(rid, created, model,
                                          {"role": "assistant", "content": None}))
-            c = oa.chat_chunk(rid, created, model, {"content": ev.text}) if ev.text else None
-            logprobs(ev, c)
-            if c is not None:
-                out.append(c)
-            return out
+            deltas = [oa.chat_chunk(rid, created, model, d) for d in parser.feed(ev.text)]
+            logprobs(ev, deltas[-1] if deltas else None)
+            return out + deltas
 
         def final(result: Result) -> list[Any]:
             out = chunk(NO_EVENT) if first[0] else []
-            out.append(oa.chat_final_chunk(rid, created, model, result))
+            out += [oa.chat_chunk(rid, created, model, d) for d in parser.finish()]
+            out.append(oa.chat_final_chunk(rid, created, model, result,
+                                           bool(parser.message.tool_calls)))
             logprobs(NO_EVENT, out[-1], last=True)
             if gen.include_usage:
                 out.append(oa.usage_chunk(rid, created, model, result,

@@ -83,15 +83,28 @@ def logprob_entries(lps: Iterable[TokenLogprob], piece: Callable[[int], bytes],
 
 
 # ---------------------------------------------------------------------------- chat
+def chat_finish_reason(result: Any, tool_calls: bool) -> str:
+    """llama-server's: ``tool_calls`` when the answer ended by itself (end of generation,
+    a stop string) holding tool calls; ``length`` when it was cut off, calls or not."""
+    if tool_calls and result.stop_reason in ("eos", "stop"):
+        return "tool_calls"
+    return FINISH[result.stop_reason]
+
+
 def chat_response(rid: str, created: int, model: str, result: Any,
-                  logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """``logprobs``: :func:`logprob_entries` of the result's tokens, when asked for."""
+                  logprobs: list[dict[str, Any]] | None = None,
+                  message: Any = None) -> dict[str, Any]:
+    """``logprobs``: :func:`logprob_entries` of the result's tokens, when asked for.
+    ``message``: the parsed answer (``chat_parse.ChatMessage``: content, reasoning_content,
+    tool_calls); None: the text is the content."""
+    msg = (message.to_openai() if message is not None
+           else {"role": "assistant", "content": result.text})
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "system_fingerprint": "pyggspec",
-        "choices": [{"index": 0, "finish_reason": FINISH[result.stop_reason],
+        "choices": [{"index": 0, "finish_reason": chat_finish_reason(result, "tool_calls" in msg),
                      "logprobs": None if logprobs is None else {"content": logprobs},
-                     "message": {"role": "assistant", "content": result.text}}],
+                     "message": msg}],
         "usage": usage(result), "timings": timings(result),
     }
 
@@ -104,8 +117,9 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
                          "logprobs": None}]}
 
 
-def chat_final_chunk(rid: str, created: int, model: str, result: Any) -> dict[str, Any]:
-    c = chat_chunk(rid, created, model, {}, FINISH[result.stop_reason])
+def chat_final_chunk(rid: str, created: int, model: str, result: Any,
+                     tool_calls: bool = False) -> dict[str, Any]:
+    c = chat_chunk(rid, created, model, {}, chat_finish_reason(result, tool_calls))
     c["timings"] = timings(result)
     return c
 

@@ -379,7 +379,7 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
     if n != 1:
         raise ApiError(400, f"'n' must be 1 (one choice per request), got {n}", param="n")
     n_probs = parse_logprobs(body, api, n_vocab)
-    for key in ("grammar", "json_schema", "tools", "functions", "mirostat"):
+    for key in ("grammar", "json_schema", "functions", "mirostat"):
         if body.get(key) not in (None, [], "", 0):
             raise ApiError(400, f"'{key}' is not supported by pyggspec serve", param=key,
                            type="not_supported_error")
@@ -497,7 +497,44 @@ def parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         for k in ("name", "tool_call_id", "reasoning_content"):
             if isinstance(m.get(k), str):
                 msg[k] = m[k]
+        if m.get("tool_calls") is not None:
+            if role != "assistant":
+                raise invalid(f"'{where}.tool_calls' is only allowed on assistant messages",
+                              f"{where}.tool_calls")
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         out.append(msg)
+    return out
+
+
+def _tool_calls(v: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's OpenAI ``tool_calls``: ``{"id", "type": "function",
+    "function": {"name", "arguments"}}`` each; ``arguments`` a JSON text or an object (kept
+    as given; the chat template decides which it renders, see ``ChatTemplate``)."""
+    if not isinstance(v, list):
+        raise invalid(f"'{where}' must be an array, got {_kind(v)}", where)
+    out = []
+    for j, tc in enumerate(v):
+        w = f"{where}[{j}]"
+        if not isinstance(tc, dict):
+            raise invalid(f"'{w}' must be an object, got {_kind(tc)}", w)
+        if tc.get("type", "function") != "function":
+            raise invalid(f"'{w}.type' must be \"function\", got {tc.get('type')!r}", f"{w}.type")
+        fn = tc.get("function")
+        if not isinstance(fn, dict):
+            raise invalid(f"'{w}.function' must be an object, got {_kind(fn)}", f"{w}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid(f"'{w}.function.name' must be a non-empty string",
+                          f"{w}.function.name")
+        args = fn.get("arguments", "")
+        if not isinstance(args, (str, dict)):
+            raise invalid(f"'{w}.function.arguments' must be a JSON string or an object, got "
+                          f"{_kind(args)}", f"{w}.function.arguments")
+        call: dict[str, Any] = {"type": "function", "function": {"name": name,
+                                                                 "arguments": args}}
+        if isinstance(tc.get("id"), str):
+            call["id"] = tc["id"]
+        out.append(call)
     return out
 
 

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from pyggspec.serving.http import openai_api as oa
-from pyggspec.serving.http.chat import parse_template_kwargs
+from pyggspec.serving.http.chat_request import parse_chat_request, template_messages
 from pyggspec.serving.http.metrics import prometheus_text
 from pyggspec.serving.http.protocol import (
     ApiError,
@@ -125,5 +125,8 @@ def install(app: FastAPI, state: ServerState) -> None:
     @app.post("/apply-template")
     async def apply_template(request: Request) -> JSONResponse:
         body = await read_body(request)
-        text = state.template.render(parse_messages(body), True, parse_template_kwargs(body))
+        chat = parse_chat_request(body, parse_messages(body), state.config, state.template)
+        text = await asyncio.to_thread(  # as a chat request renders it: tools, thinking
+            state.template.render, template_messages(chat.messages, state.template), True,
+            chat.kwargs, chat.tools)
         return JSONResponse({"prompt": text})

@@ -46,6 +46,14 @@ class ServerConfig:
     synthetic: bool = False  # the built-in demo model
     jinja: bool = True
     chat_template: str | None = None  # override of the file's template
+    # chat answers (llama-server's flags of the same names; see chat_request.py)
+    reasoning_format: str = "auto"  # none | auto | deepseek | deepseek-legacy
+    reasoning: str = "auto"  # on | off | auto: the template's enable_thinking
+    reasoning_budget: int = -1  # thinking tokens before </think> is forced; -1: no limit
+    reasoning_budget_message: str = ""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    skip_chat_parsing: bool = False  # all of the answer is content
+
 
 
 class ServerState:
@@ -129,7 +137,7 @@ class ServerState:
         except SchedulerClosed as e:
             raise ApiError(503, f"server is shutting down: {e.message}") from None
 
-    def record_when_done(self, handle: RequestHandle) -> None:
+    def record_when_done(self, handle: Any) -> None:
         """Count a request whose client left (cancelled) once the scheduler has ended it."""
 
         async def wait() -> None:

@@ -12,16 +12,29 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from pyggspec.serving.http.protocol import ApiError
-from pyggspec.serving.request import RequestFailed, RequestHandle, Result
+from pyggspec.serving.request import RequestFailed, Result
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.http.state import ServerState
+
+
+class Handle(Protocol):
+    """What the waiting helpers need of a submitted request: a scheduler's
+    :class:`RequestHandle`, or a chat answer of two requests (``chat_run.ChatRun``)."""
+
+    def __aiter__(self) -> AsyncIterator[Any]: ...
+
+    def result(self) -> Result: ...
+
+    async def aresult(self) -> Result: ...
+
+    def cancel(self) -> None: ...
 
 
 async def wait_disconnect(request: Request) -> None:
@@ -33,7 +46,7 @@ async def wait_disconnect(request: Request) -> None:
             return
 
 
-async def run_to_end(state: ServerState, request: Request, handle: RequestHandle,
+async def run_to_end(state: ServerState, request: Request, handle: Handle,
                      t_start: float) -> Result:
     """Wait for the whole result; a client that goes away cancels its request."""
     t_first: list[float] = []
@@ -73,7 +86,7 @@ class CancellingStream(StreamingResponse):
     """A streaming response that cancels its request however the stream ends (done,
     client gone, server error): a disconnected client frees its slot."""
 
-    def __init__(self, content: AsyncIterator[bytes], handle: RequestHandle,
+    def __init__(self, content: AsyncIterator[bytes], handle: Handle,
                  state: ServerState) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -90,7 +103,7 @@ class CancellingStream(StreamingResponse):
                 self.state.record_when_done(self.handle)
 
 
-def stream(state: ServerState, handle: RequestHandle, t_start: float,
+def stream(state: ServerState, handle: Handle, t_start: float,
            chunk: Callable[[Any], list[Any]], final: Callable[[Result], list[Any]],
            done_marker: bool) -> StreamingResponse:
     """SSE: ``chunk(event)`` bodies per event, ``final(result)`` bodies at the end, then
