@@ -278,7 +278,7 @@ def test_reasoning_budget_zero_and_natural_end(http, script, app):
     assert m["reasoning_content"] == "short\n" and m["content"] == "Done."
     assert len(seen) == 2
     # thinking that ended within the budget goes on with nothing put in
-    seen = script("short\n</think>\n\nDone", ", really.")
+    seen = script("short\n</think>\n\nDone and more", ", really.")  # cut after "Done"
     out = post(http, {"reasoning_budget_tokens": 20})
     m = out["choices"][0]["message"]
     assert m["reasoning_content"] == "short\n" and m["content"] == "Done, really."

@@ -55,7 +55,6 @@ class ServerConfig:
     skip_chat_parsing: bool = False  # all of the answer is content
 
 
-
 class ServerState:
     """Everything the handlers share: scheduler, engine, tokenizer, template, counters."""
 
