@@ -349,3 +349,57 @@ def test_bad_tools_are_400(http, body, param, path):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_real_generation_reasoning_budget(http, app, stream):
+    """The budget through the real scheduler: two requests (the second continuing from the
+    first's tokens and the forced end of thinking), one answer, counted once."""
+    metrics = app.state.pyggspec.metrics
+    before = sum(metrics.finished.values())
+    body = {"reasoning_budget_tokens": 3, "max_tokens": 10, "stream": stream}
+    if stream:
+        chunks = post_stream(http, body)
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+        m = replay(deltas(chunks))
+        reasoning, content = m.reasoning_content, m.content
+    else:
+        out = post(http, body)
+        assert out["usage"]["completion_tokens"] <= 10
+        assert out["timings"]["predicted_n"] <= 10
+        reasoning = out["choices"][0]["message"].get("reasoning_content", "")
+        content = out["choices"][0]["message"]["content"]
+    assert "</think>" not in reasoning + content  # the forced end closed the thinking
+    assert sum(metrics.finished.values()) == before + 1
+
+
+def test_openai_client_reads_tool_calls_and_reasoning(http, script):
+    """The ``openai`` package's models accept the answers as they are (whole and streamed)."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,
+                           max_retries=0)
+    text = "Let me look it up.\n</think>\n\n" + CALL
+    script(text, text)
+    r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (tc,) = choice.message.tool_calls
+    assert tc.type == "function" and tc.function.name == "get_weather"
+    assert json.loads(tc.function.arguments) == {"location": "Paris", "days": 3}
+    assert choice.message.model_extra["reasoning_content"] == "Let me look it up.\n"
+    calls: dict[int, dict[str, str]] = {}
+    reasoning = ""
+    for chunk in client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER],
+                                                stream=True):
+        delta = chunk.choices[0].delta
+        reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+        for d in delta.tool_calls or ():
+            c = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+            c["id"] += d.id or ""
+            c["name"] += (d.function and d.function.name) or ""
+            c["arguments"] += (d.function and d.function.arguments) or ""
+        last = chunk
+    assert last.choices[0].finish_reason == "tool_calls"
+    assert reasoning == "Let me look it up.\n"
+    assert calls[0]["name"] == "get_weather" and len(calls[0]["id"]) == 32
+    assert json.loads(calls[0]["arguments"]) == {"location": "Paris", "days": 3}

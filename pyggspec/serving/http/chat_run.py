@@ -220,14 +220,22 @@ class ChatRun:
     def _trimmed_tail(self, first: Result) -> str:
         """The text of the first request's tokens past its result text: the stop string
         the scheduler trimmed (and anything after it in the same token)."""
-        full = self.state.tokenizer.detokenize(first.tokens, special=False)
+        full = self.state.tokenizer.detokenize(first.tokens)  # as the scheduler renders
         tail = full[len(first.text):] if full.startswith(first.text) else ""
         return tail if THINK_CLOSE in tail else THINK_CLOSE
 
     async def _insert(self, text: str, tail: str) -> Event:
-        """An event for ``tail`` (text of tokens already generated) and ``text`` (new)."""
-        ids = await asyncio.to_thread(self.state.tokenizer.tokenize, text, add_special=False,
+        """An event for ``tail`` (text of tokens already generated) and ``text`` (new).
+        Inserted tokens count as generated ones (llama.cpp samples them): past the
+        request's ``max_tokens`` they are cut, as llama.cpp's forcing stops at ``n_predict``."""
+        tok = self.state.tokenizer
+        ids = await asyncio.to_thread(tok.tokenize, text, add_special=False,
                                       parse_special=True) if text else []
+        done = len(self._first.tokens) if self._first is not None else 0
+        room = None if self.gen.max_tokens is None else max(0, self.gen.max_tokens - done)
+        if room is not None and len(ids) > room:
+            ids = ids[:room]
+            text = await asyncio.to_thread(tok.detokenize, ids) if ids else ""
         return Event(tokens=tuple(ids), text=tail + text)
 
     async def _submit_second(self) -> RequestHandle:
