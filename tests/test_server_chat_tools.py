@@ -39,7 +39,7 @@ def model_path(models) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_path):
-    with Engine(model_path, n_ctx=512, n_parallel=2, n_threads=1, spec_type="draft-mtp",
+    with Engine(model_path, n_ctx=1024, n_parallel=2, n_threads=1, spec_type="draft-mtp",
                 spec=SpecConfig(n_max=3), sampling=SAMPLING) as e:
         yield e
 
@@ -403,3 +403,58 @@ def test_openai_client_reads_tool_calls_and_reasoning(http, script):
     assert reasoning == "Let me look it up.\n"
     assert calls[0]["name"] == "get_weather" and len(calls[0]["id"]) == 32
     assert json.loads(calls[0]["arguments"]) == {"location": "Paris", "days": 3}
+
+
+def test_real_qwen35_template_end_to_end(engine, model_path, monkeypatch):
+    """Qwen3.5's own template (where the llama.cpp sdist is kept): its tool prompt, its
+    generation prompt, the scripted answer parsed into a call."""
+    from tests.test_server_chat_parse import QWEN35_JINJA
+
+    if not QWEN35_JINJA.exists():
+        pytest.skip(f"no Qwen3.5 template here ({QWEN35_JINJA})")
+    app = create_app(engine, ServerConfig(model_id="q35", model_path=str(model_path),
+                                          sampling=SAMPLING,
+                                          chat_template=QWEN35_JINJA.read_text()),
+                     manage_scheduler=False)
+    state = app.state.pyggspec
+    prompts: list[list[int]] = []
+
+    async def submit(ids, gen, rid, cache_prompt=True):
+        prompts.append(list(ids))
+        return Scripted(rid, ids, gen, "The user wants the weather.\n</think>\n\n" + CALL,
+                        state.n_vocab)
+
+    monkeypatch.setattr(state, "submit", submit)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/apply-template", json={"messages": ASK, "tools": [WEATHER]})
+        prompt = r.json()["prompt"]
+        assert "# Tools" in prompt and "<function=example_function_name>" in prompt
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+        for stream in (False, True):
+            r = c.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER],
+                                                     "stream": stream})
+            assert r.status_code == 200, r.text
+            if stream:
+                chunks = sse_data(r.text.splitlines())[:-1]
+                m = replay(deltas(chunks))
+                calls = [(t.name, json.loads(t.arguments)) for t in m.tool_calls]
+                reasoning, finish = m.reasoning_content, chunks[-1]["choices"][0]["finish_reason"]
+            else:
+                msg = r.json()["choices"][0]["message"]
+                calls = [(t["function"]["name"], json.loads(t["function"]["arguments"]))
+                         for t in msg["tool_calls"]]
+                reasoning = msg["reasoning_content"]
+                finish = r.json()["choices"][0]["finish_reason"]
+            assert calls == [("get_weather", {"location": "Paris", "days": 3})]
+            assert reasoning == "The user wants the weather.\n" and finish == "tool_calls"
+        # a follow-up turn with the call and its result renders in Qwen3.5's own form
+        msgs = ASK + [{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "a", "type": "function", "function": {
+                "name": "get_weather", "arguments": '{"location": "Paris", "days": 3}'}}]},
+            {"role": "tool", "tool_call_id": "a", "content": "sunny"}]
+        prompt = c.post("/apply-template", json={"messages": msgs, "tools": [WEATHER]}
+                        ).json()["prompt"]
+        assert ("<tool_call>\n<function=get_weather>\n<parameter=location>\nParis\n"
+                "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+                in prompt)
+        assert "<tool_response>\nsunny\n</tool_response>" in prompt
