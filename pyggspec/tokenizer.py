@@ -22,6 +22,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -117,6 +118,19 @@ def _reason(line: str) -> str:
     return line
 
 
+@dataclass(frozen=True)
+class FimTokens:
+    """A vocabulary's fill-in-the-middle tokens (None: it has none): prefix, suffix,
+    middle, pad, repository name and file separator (llama.cpp's FIM_PRE ... FIM_SEP)."""
+
+    pre: int | None
+    suf: int | None
+    mid: int | None
+    pad: int | None
+    rep: int | None
+    sep: int | None
+
+
 class Tokenizer:
     """The vocabulary of one GGUF, loaded by llama.cpp without any tensors."""
 
@@ -147,6 +161,12 @@ class Tokenizer:
         self.eos: int | None = self._tok(ll.llama_vocab_eos(self._vocab))
         self.eot: int | None = self._tok(ll.llama_vocab_eot(self._vocab))
         self.add_bos: bool = bool(ll.llama_vocab_get_add_bos(self._vocab))
+        # fill-in-the-middle tokens as llama.cpp resolves them (tokenizer.ggml.fim_*_token_id,
+        # else by their text: Qwen's <|fim_prefix|> ..., CodeLlama's <PRE> ...)
+        v = self._vocab
+        self.fim = FimTokens(*(self._tok(f(v)) for f in (
+            ll.llama_vocab_fim_pre, ll.llama_vocab_fim_suf, ll.llama_vocab_fim_mid,
+            ll.llama_vocab_fim_pad, ll.llama_vocab_fim_rep, ll.llama_vocab_fim_sep)))
         tmpl = ll.llama_model_chat_template(model, None)
         self.chat_template: str | None = tmpl.decode("utf-8", errors="replace") if tmpl else None
         self._eog: dict[int, bool] = {}

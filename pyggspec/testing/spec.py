@@ -98,6 +98,8 @@ class ModelSpec:
     agreement_out_scale: float = 0.01  # output projections of trunk and MTP layers
     logit_scale: float = 20.0  # LM-head logit of the intended next token
     name: str = ""
+    # Qwen's fill-in-the-middle tokens (<|fim_prefix|> ...) after the chat tokens (/infill)
+    fim_tokens: bool = False
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -180,8 +182,9 @@ class ModelSpec:
     def digest(self) -> str:
         """Content hash of the spec (and the generator version): names cached files."""
         payload = dict(dataclasses.asdict(self), _v=GENERATOR_VERSION)
-        if payload["rope_scaling"] is None:  # opt-in field: digests of older specs unchanged
-            del payload["rope_scaling"]
+        for opt_in in ("rope_scaling", "fim_tokens"):  # digests of older specs unchanged
+            if not payload[opt_in]:
+                del payload[opt_in]
         blob = json.dumps(payload, sort_keys=True, default=list).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

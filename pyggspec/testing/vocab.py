@@ -20,6 +20,10 @@ ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+# Qwen's fill-in-the-middle tokens, in Qwen's id order (151659..151664 there), which
+# llama.cpp finds by their text; added after the three above when a spec asks (fim_tokens)
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+              "<|repo_name|>", "<|file_sep|>")
 
 # ChatML, the format Qwen chat templates render (without tools/thinking branches).
 CHAT_TEMPLATE = (
@@ -179,8 +183,10 @@ class Vocab:
 
 
 @functools.cache
-def build_vocab(n_vocab: int, n_merges: int = DEFAULT_N_MERGES) -> Vocab:
-    """Bytes + merges + 3 special tokens, padded with ``[PAD{i}]`` to ``n_vocab``."""
+def build_vocab(n_vocab: int, n_merges: int = DEFAULT_N_MERGES, fim: bool = False) -> Vocab:
+    """Bytes + merges + 3 special tokens (+ Qwen's 6 FIM tokens with ``fim``), padded with
+    ``[PAD{i}]`` to ``n_vocab``. The FIM tokens are CONTROL, as the converter types added
+    tokens that look special (``<|...|>``)."""
     b2u = bytes_to_unicode()
     merges = train_bpe(CORPUS, n_merges)
     tokens = [b2u[b] for b in byte_order()]
@@ -191,8 +197,9 @@ def build_vocab(n_vocab: int, n_merges: int = DEFAULT_N_MERGES) -> Vocab:
             seen.add(a + b)
     n_normal = len(tokens)
     types = [int(TokenType.NORMAL)] * n_normal
-    tokens += list(SPECIAL_TOKENS)
-    types += [int(TokenType.CONTROL)] * len(SPECIAL_TOKENS)
+    specials = SPECIAL_TOKENS + (FIM_TOKENS if fim else ())
+    tokens += list(specials)
+    types += [int(TokenType.CONTROL)] * len(specials)
     if n_vocab < len(tokens):
         raise ValueError(f"n_vocab={n_vocab} is smaller than the {len(tokens)} real tokens")
     for i in range(len(tokens), n_vocab):

@@ -490,7 +490,7 @@ def _add_metadata(w: GGUFWriter, spec: ModelSpec, part: Part) -> None:
     w.add_quantization_version(GGML_QUANT_VERSION)
 
     # TextModel._set_vocab_gpt2 + SpecialVocab.add_to_gguf
-    v = build_vocab(s.n_vocab)
+    v = build_vocab(s.n_vocab, fim=s.fim_tokens)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen35")
     w.add_token_list(list(v.tokens))
