@@ -174,9 +174,16 @@ def test_the_issue_examples(built):
           "--no-webui", "--jinja", "--reasoning", "auto", "--chat-template", "chatml",
           "--cors-origins", "*"]
     assert built("serve", *ok)[1] is not None
-    for flag in ("--slot-save-path", "--context-shift"):
-        r, _ = built("serve", flag, *(["x"] if flag == "--slot-save-path" else []))
-        assert r.exit_code == 2 and r.output.startswith(f"pyggspec: {flag}: not supported")
+    r, _ = built("serve", "--context-shift")
+    assert r.exit_code == 2 and r.output.startswith("pyggspec: --context-shift: not supported")
+
+
+def test_slot_save_path_and_spm_infill(built, tmp_path):
+    """--slot-save-path DIR turns slot actions on (a missing directory is a usage error, as
+    llama.cpp's 'not a directory'); --spm-infill is honoured by /infill."""
+    assert built("serve", "--slot-save-path", str(tmp_path), "--spm-infill")[1] is not None
+    r, config = built("serve", "--slot-save-path", str(tmp_path / "nope"))
+    assert r.exit_code == 2 and config is None and "--slot-save-path" in r.output
 
 
 @pytest.mark.parametrize("command", COMMANDS)

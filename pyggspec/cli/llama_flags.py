@@ -107,7 +107,7 @@ TABLE = f"""
 -i --interactive -if --interactive-first -mli --multiline-input --in-prefix-bos :: 0 r R :: {_INTERACTIVE}
 --in-prefix --in-suffix :: 1 r R :: {_INTERACTIVE}
 --warmup --no-warmup :: 0 sr N :: no warm-up run; graphs are sized when the engine is built
---spm-infill :: 0 s R :: no infill endpoint
+--spm-infill :: 0 s H
 --samplers -s --seed --temp --temperature --top-k --top-p --min-p --typical --typical-p :: 1 sr H
 --repeat-last-n --repeat-penalty --presence-penalty --frequency-penalty -l --logit-bias :: 1 sr H
 --ignore-eos :: 0 s/r R/H :: server-wide it is not implemented; per request: the ignore_eos field
@@ -189,7 +189,7 @@ TABLE = f"""
 --metrics :: 0 s N :: /metrics is always served
 --props :: 0 s R :: POST /props is not implemented; GET /props is served
 --slots --no-slots :: 0 s N :: /slots is always served
---slot-save-path :: 1 s R :: slots cannot be saved or restored
+--slot-save-path :: 1 s H
 --media-path :: 1 s R :: {_MEDIA}
 --models-dir --models-preset --models-max :: 1 s R :: {_ROUTER}
 --models-autoload --no-models-autoload :: 0 s R :: {_ROUTER}

@@ -165,6 +165,13 @@ def _add_cors(app, origins: str | None, methods: str | None, headers: str | None
 @click.option("--chat-template", "chat_template", default=None, metavar="JINJA|chatml",
               help="Use this Jinja template text (or the built-in 'chatml') instead of the "
                    "file's.")
+@click.option("--slot-save-path", "slot_save_path", default=None, metavar="DIR",
+              type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="Directory for POST /slots/{id}?action=save|restore (a slot's tokens, "
+                   "KV cache, recurrent state and MTP cache). Default: slot actions off.")
+@click.option("--spm-infill", "spm_infill", is_flag=True, default=False,
+              help="/infill: suffix before prefix (Suffix/Prefix/Middle), for models that "
+                   "need it.")
 @click.option("--log-level", "log_level", type=click.Choice(["debug", "info", "warning",
               "error"]), default="info", show_default=True)
 @click.option("--reasoning-format", "reasoning_format", default="auto", show_default=True,
@@ -198,15 +205,17 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
           chat_template_file: Path | None, log_level: str, api_key_file: Path | None = None,
           cors_origins: str | None = None, cors_methods: str | None = None,
           cors_headers: str | None = None, cors_credentials: bool | None = None,
-          chat_template: str | None = None, reasoning_format: str = "auto",
+          chat_template: str | None = None, slot_save_path: Path | None = None,
+          spm_infill: bool = False, reasoning_format: str = "auto",
           reasoning: str = "auto", reasoning_effort: str = "default",
           reasoning_budget: int = -1, reasoning_budget_message: str = "",
           chat_template_kwargs: str | None = None, skip_chat_parsing: bool = False) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
 
-    Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /completion, /tokenize,
-    /detokenize, /apply-template, /health, /slots, /props, /metrics.
+    Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /completion, /infill,
+    /tokenize, /detokenize, /apply-template, /health, /slots (POST /slots/{id}?action=
+    with --slot-save-path), /props, /metrics.
     """
     from pyggspec.serving.server import ServerConfig, create_app
     from pyggspec.serving.server import serve as run_server
@@ -235,6 +244,9 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
                                      sampling=config.sampling,
                                      n_predict=None if n_predict < 0 else n_predict,
                                      synthetic=synthetic, jinja=jinja, chat_template=template,
+                                     slot_save_path=(str(slot_save_path)
+                                                     if slot_save_path is not None else None),
+                                     spm_infill=spm_infill,
                                      reasoning_format=reasoning_format, reasoning=reasoning,
                                      reasoning_budget=reasoning_budget,
                                      reasoning_budget_message=reasoning_budget_message,

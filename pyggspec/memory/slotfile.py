@@ -76,16 +76,17 @@ def write(path: str | os.PathLike, sf: SlotFile) -> int:
     """Write ``sf`` to ``path`` (atomically: a temporary file, then a rename). Returns the
     bytes written."""
     path = Path(path)
+    flat = {n: a.reshape(-1).view(np.uint8) for n, a in sf.arrays.items()}  # (0-size too)
     sections = [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape),
-                 "crc32": zlib.crc32(memoryview(a).cast("B"))} for n, a in sf.arrays.items()]
+                 "crc32": zlib.crc32(flat[n])} for n, a in sf.arrays.items()]
     head = json.dumps({**sf.header, "sections": sections}, separators=(",", ":")).encode()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(_PREFIX.pack(MAGIC, VERSION, len(head)))
             f.write(head)
-            for a in sf.arrays.values():
-                f.write(memoryview(a).cast("B"))
+            for a in flat.values():
+                f.write(a)
             n = f.tell()
         os.replace(tmp, path)
     except BaseException:
@@ -141,7 +142,8 @@ def read(path: str | os.PathLike) -> tuple[SlotFile, int]:
         if zlib.crc32(raw) != crc:
             raise SlotFileError(None, f"{path.name!r} is damaged (section {name!r} fails "
                                 "its CRC-32)")
-        sf.arrays[name] = np.frombuffer(raw, dt).reshape(shape)
+        sf.arrays[name] = (np.frombuffer(raw, dt).reshape(shape) if nbytes
+                           else np.empty(shape, dt))
         pos += nbytes
     if pos != len(data):
         raise SlotFileError(None, f"{path.name!r} has {len(data) - pos} bytes past its last "

@@ -216,10 +216,10 @@ class SlotMemory:
         h = sf.header
         try:
             n, n_mtp = int(h["n_tokens"]), int(h["n_mtp"])
-            f_id, f_layout = h["identity"], h["layout"]
+            f_id, f_layout = dict(h["identity"]), dict(h["layout"])
             cks = [(int(c["pos"]), c.get("carry")) for c in h.get("checkpoints", [])]
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise SlotFileError(None, f"the slot file's header lacks {e}") from None
+            raise SlotFileError(None, f"the slot file's header is damaged ({e!r})") from None
         _same("model", f_id.get("trunk") or {}, identity["trunk"], IDENTITY_KEYS)
         for part in ("kv", "recurrent"):
             _same(f"{part} cache", f_layout.get(part) or {}, self.layout()[part])
@@ -243,10 +243,14 @@ class SlotMemory:
         state = self._state(sf, "rs.", slot)
         ck_states = [self._state(sf, f"ckpt{i}.", slot) for i in range(len(cks))]
         use = mtp and codec is not None
-        carry = (codec.decode_carry(h["carry"], sf, "carry.")
-                 if use and h.get("carry") is not None else None)
-        ck_carries = [codec.decode_carry(c, sf, f"ckpt{i}.carry.")
-                      if use and c is not None else None for i, (_, c) in enumerate(cks)]
+        try:
+            carry = (codec.decode_carry(h["carry"], sf, "carry.")
+                     if use and h.get("carry") is not None else None)
+            ck_carries = [codec.decode_carry(c, sf, f"ckpt{i}.carry.")
+                          if use and c is not None else None for i, (_, c) in enumerate(cks)]
+        except (KeyError, TypeError, ValueError) as e:
+            raise SlotFileError(None, f"the slot file's MTP carry-over is damaged "
+                                f"({e!r})") from None
         # checked: write
         self.clear(slot)
         for t, rows in kv:

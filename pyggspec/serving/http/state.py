@@ -46,6 +46,8 @@ class ServerConfig:
     synthetic: bool = False  # the built-in demo model
     jinja: bool = True
     chat_template: str | None = None  # override of the file's template
+    slot_save_path: str | None = None  # --slot-save-path: POST /slots/{id}?action= (None: 501)
+    spm_infill: bool = False  # --spm-infill: /infill puts the suffix before the prefix
     # chat answers (llama-server's flags of the same names; see chat_request.py)
     reasoning_format: str = "auto"  # none | auto | deepseek | deepseek-legacy
     reasoning: str = "auto"  # on | off | auto: the template's enable_thinking
