@@ -286,3 +286,41 @@ def test_metrics_report_the_calibration(paths):
                 if ln.startswith("pyggspec:spec_draft_calibration_drafts_total{"))
     assert re.search(r'regime="(greedy|(coupled|argmax|probabilistic)@[0-9.]+)"', line), line
     assert 'conf_lo="' in line and 'conf_hi="' in line
+
+
+def test_graph_drawn_drafts_report_the_heads_confidence(paths, make_engine):
+    """Drafts drawn in the MTP graph (backend sampling) carry the head's top probability
+    to the budget (the graph computes it only when a budget reads it), and the output is
+    plain sampling's."""
+    from pyggspec.config import SpecConfig
+    from pyggspec.sampling import SamplingParams
+
+    path = paths[("dense", 0.95)]
+    sp = SamplingParams(temp=0.8, seed=3)
+    outs, plans = [], []
+    for spec_type in (None, "draft-mtp"):
+        kw = ({"spec_type": spec_type, "spec": SpecConfig(n_max=3, adaptive=True)}
+              if spec_type else {})
+        with make_engine(path, n_ctx=256, n_parallel=1, backend_sampling=True, sampling=sp,
+                         **kw) as e:
+            if spec_type:
+                mtp = e.drafter.mtp
+                assert e.drafter.confidence and mtp.confidence
+                run = mtp.run
+                mtp.run = lambda mb, run=run: plans.append(mb.sampling) or run(mb)
+                e.draft_policy.acceptance = type(e.draft_policy.acceptance)()  # this run's
+            outs.append(e.generate(PROMPTS[0], max_tokens=24, ignore_eos=True).tokens)
+            if spec_type:
+                report = e.draft_policy.acceptance.report()
+    assert outs[0] == outs[1]
+    assert any(plans)  # drafts were drawn by the chains in the graph
+    rows = [r for rs in report.values() for r in rs]
+    assert rows and any(r["conf"][0] > 0 for r in rows), report  # the graph's top, not 0
+
+
+def test_fixed_lengths_leave_the_confidence_out_of_the_graph(paths, make_engine):
+    from pyggspec.config import SpecConfig
+
+    with make_engine(paths[("dense", 0.95)], n_ctx=256, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=3, adaptive=False)) as e:
+        assert e.draft_policy is None and not e.drafter.confidence

@@ -44,6 +44,7 @@ class MtpShape:
     device_argmax: bool  # argmax + top probability in the graph (else full logits come back)
     draft_vocab: int = 0  # draft over token ids [0, draft_vocab) only (0: full vocabulary)
     sampling: int = 0  # plan id (Mtp.register_plan): the drafts' sampler chains in the graph
+    confidence: bool = False  # beside chain draws, the argmax's probability (draft budget)
 
 
 @dataclass
@@ -203,11 +204,13 @@ class MtpGraph:
                 self.sampling = plan.build(ctx, graph, logits, 1)
                 ids = b.cb(ctx.argmax(logits), "mtp_argmax")
                 self.ids = ids.set_output()
-                # the head's confidence (its argmax's probability): the draft-length budget's
-                # measure, whichever token the chain drew
-                self.top = self._top_prob(b, ctx, logits, ids, shape.n_outputs).set_output()
                 graph.expand(self.ids)
-                graph.expand(self.top)
+                if shape.confidence:
+                    # the head's confidence (its argmax's probability): the draft-length
+                    # budget's measure, whichever token the chain drew; a full-vocabulary
+                    # softmax, so only when a budget reads it
+                    self.top = self._top_prob(b, ctx, logits, ids, shape.n_outputs).set_output()
+                    graph.expand(self.top)
             elif shape.device_argmax:
                 ids = b.cb(ctx.argmax(logits), "mtp_argmax")
                 self.ids = ids.set_output()
@@ -255,7 +258,9 @@ class MtpGraph:
         self._outs = [HostBinding(self.h_out, self._h_out)]
         if self.sampling is not None:
             self._logits_out = HostBinding(self.logits, self._logits)  # read on a failure only
-            self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
+            self._outs.append(HostBinding(self.ids, self._ids))
+            if self.top is not None:
+                self._outs.append(HostBinding(self.top, self._top))
         elif self.ids is not None:
             self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
         else:
@@ -285,8 +290,9 @@ class MtpGraph:
             except Exception:  # noqa: BLE001 - the drafter redraws these rows on the host
                 self._logits_out.pull()
                 return MtpResult(None, None, self._h_out.copy(), self._logits.copy())
+            top = self._top.copy() if self.top is not None else None
             return MtpResult(ids, self._top.copy(), self._h_out.copy(), sampled=True,
-                             argmax=self._ids.copy(), argmax_probs=self._top.copy())
+                             argmax=self._ids.copy(), argmax_probs=top)
         if self.ids is None:  # host argmax + full-vocabulary softmax probability
             lg = self._logits
             ids = lg.argmax(axis=1).astype(np.int32)
@@ -317,13 +323,15 @@ class Mtp(GraphRunner):
         self.kv = kv
         self.device_argmax = device_argmax
         self.draft_vocab = draft_vocab
+        self.confidence = False  # graph-sampled drafts also report the head's confidence
         self.n_evals = 0
 
     def run(self, mb: MtpBatch) -> MtpResult:
         B, T = mb.tokens.shape
         end = int((mb.pos0 + T).max())
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), len(mb.outputs),
-                         self.device_argmax and not mb.logits, self.draft_vocab, mb.sampling)
+                         self.device_argmax and not mb.logits, self.draft_vocab, mb.sampling,
+                         self.confidence and mb.sampling != 0)
         res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s,
                                                      self.plans.get(s.sampling)),
                            lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read(mb))

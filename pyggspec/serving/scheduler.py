@@ -712,8 +712,8 @@ class Scheduler:
                                              if self._prompt_ms > 0 else 0.0),
                 "uptime_s": now - self._t0,
             })
-        budget = getattr(self.worker, "policy", None)
-        if budget is not None and hasattr(budget, "to_dict"):  # the draft-length budget
+        budget = self.worker.policy
+        if budget is not None:  # the draft-length budget
             m["draft_budget"] = budget.to_dict()
         return m
 

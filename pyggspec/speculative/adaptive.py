@@ -137,7 +137,6 @@ class DraftBudget:
         self._surv: dict[int, float] = {}
         self._pred: dict[int, list[float]] = {}
         self._explore = False
-        self._kept = 0
 
     # -- costs -------------------------------------------------------------------------------
     def modeled_cost(self, B: int, T: int) -> float | None:
@@ -195,7 +194,6 @@ class DraftBudget:
         self._regime = dict(zip(slots, regimes))
         self._surv = dict.fromkeys(slots, 1.0)
         self._pred = {s: [] for s in slots}
-        self._kept = 0
         limit = min(self.n_max, max(caps, default=0))
         if B == 0 or limit <= 0:
             return 0
@@ -254,7 +252,6 @@ class DraftBudget:
         if self.forced:
             for s, p in zip(slots, surv):
                 self._surv[s] = p
-            self._kept = j + 1
             return [(True, True)] * len(slots)
         R = self.rate(B)
         v0, v1 = self._verify_step(B, j + 1), self._verify_step(B, j + 2)
@@ -263,7 +260,6 @@ class DraftBudget:
             for s in slots:
                 self._pred[s].pop()
             return [(False, False)] * len(slots)
-        self._kept = j + 1
         for s, p in zip(slots, surv):
             self._surv[s] = p
         nxt = [p * acc.predict(self._regime.get(s, "greedy"), j + 1, c)

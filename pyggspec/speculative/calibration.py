@@ -66,6 +66,8 @@ class _Table:
     n_pred: list[float] = field(default_factory=lambda: [0.0] * N_BINS)
     n_all: float = 0.0  # over every position and bin
     acc_all: float = 0.0
+    # estimates by (position, bin) until the next record (which moves the regime's rate)
+    cache: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 class AcceptanceModel:
@@ -74,7 +76,6 @@ class AcceptanceModel:
 
     def __init__(self) -> None:
         self._tables: dict[str, _Table] = {}
-        self._cache: dict[tuple[str, int, int], float] = {}  # estimates, until the next record
 
     def _table(self, regime: str) -> _Table:
         t = self._tables.get(regime)
@@ -86,19 +87,17 @@ class AcceptanceModel:
         """Acceptance of a draft at 0-based position ``pos`` with confidence ``conf``."""
         b = conf_bin(conf)
         p = min(pos, N_POS - 1)
-        key = (regime, p, b)
-        got = self._cache.get(key)
+        t = self._tables.get(regime)
+        if t is None:
+            return _midpoint(b)
+        got = t.cache.get((p, b))
         if got is None:
-            t = self._tables.get(regime)
-            if t is None:
-                got = _midpoint(b)
-            else:
-                n_bin = sum(t.n[i][b] for i in range(N_POS))
-                a_bin = sum(t.acc[i][b] for i in range(N_POS))
-                base = (t.acc_all + REGIME_PRIOR * _midpoint(b)) / (t.n_all + REGIME_PRIOR)
-                bin_est = (a_bin + BIN_PRIOR * base) / (n_bin + BIN_PRIOR)
-                got = (t.acc[p][b] + CELL_PRIOR * bin_est) / (t.n[p][b] + CELL_PRIOR)
-            self._cache[key] = got
+            n_bin = sum(t.n[i][b] for i in range(N_POS))
+            a_bin = sum(t.acc[i][b] for i in range(N_POS))
+            base = (t.acc_all + REGIME_PRIOR * _midpoint(b)) / (t.n_all + REGIME_PRIOR)
+            bin_est = (a_bin + BIN_PRIOR * base) / (n_bin + BIN_PRIOR)
+            got = t.cache[(p, b)] = (t.acc[p][b] + CELL_PRIOR * bin_est) / (t.n[p][b]
+                                                                             + CELL_PRIOR)
         return got
 
     def mean(self, regime: str, pos: int) -> float | None:
@@ -124,8 +123,7 @@ class AcceptanceModel:
         if predicted is not None:
             t.pred[b] += predicted
             t.n_pred[b] += 1
-        # the regime's rate moved, so every bin's estimate did
-        self._cache = {k: v for k, v in self._cache.items() if k[0] != regime}
+        t.cache.clear()  # the regime's rate moved, so every bin's estimate did
 
     def report(self) -> dict:
         """Per regime, per confidence bin with drafts: drafts verified, mean predicted

@@ -167,9 +167,17 @@ class MtpDrafter:
         self.choices: dict[int, DraftChoice] = {}  # per slot
         self.n_coupled = 0  # drafts made by coupled draws / by the argmax (stats)
         self.n_argmax = 0
-        # every draft's probs carry the head's confidence (its argmax's softmax probability;
-        # a probabilistic draft's q probability): the draft-length budget reads them
-        self.confidence = False
+
+    @property
+    def confidence(self) -> bool:
+        """Every draft's probs carry the head's confidence (its argmax's softmax
+        probability; a probabilistic draft's q probability): the draft-length budget reads
+        them. Held by the MTP runner, whose graphs compute it when drafts are drawn there."""
+        return self.mtp.confidence
+
+    @confidence.setter
+    def confidence(self, on: bool) -> None:
+        self.mtp.confidence = on
 
     def observe(self, slot: int, draft: Draft, target: int) -> None:
         """The target's token at the first draft position: updates the slot's choice."""

@@ -39,6 +39,7 @@ class FakeWorker:
         self.batches = []
         self.script = script or (lambda slot, k: [10 + slot] * (k + 1))
         self.fail_slot = fail_slot
+        self.policy = None  # fixed draft lengths (Worker's draft-length budget: none)
 
     def begin(self, slot, prompt, params, reuse, spec):
         self.memory.toks[slot] = []
