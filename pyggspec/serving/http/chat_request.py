@@ -42,7 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.http.state import ServerConfig
 
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
-REASONING_MODES = ("on", "off", "auto")
 TOOL_CHOICES = ("auto", "none", "required")
 
 

@@ -34,16 +34,47 @@ from pyggspec.serving.http.streaming import NO_EVENT, run_to_end, stream
 from pyggspec.serving.request import Result
 
 
+def logprob_objects(state: ServerState, gen: Any, lps: Any) -> list[dict[str, Any]] | None:
+    """The response's per-token objects for ``lps`` (None: the request asked for none)."""
+    if gen.n_probs is None:
+        return None
+    return oa.logprob_entries(lps or (), state.tokenizer.token_to_piece,
+                              gen.post_sampling_probs)
+
+
+async def answer_llama(state: ServerState, request: Request, handle: Any, t_start: float,
+                       gen: Any, model: str, settings: dict[str, Any], echo: Any) -> Response:
+    """llama-server's ``/completion`` answer for a submitted request (``/infill``'s too):
+    the whole result, or SSE chunks of one token each (with ``completion_probabilities``
+    when asked) and a final chunk with the timings, no ``[DONE]``."""
+    if not gen.stream:
+        result = await run_to_end(state, request, handle, t_start)
+        return JSONResponse(oa.llama_completion(model, result, settings, echo,
+                                                gen.return_tokens, state.n_ctx,
+                                                logprob_objects(state, gen, result.logprobs)))
+
+    def chunk(ev: Any) -> list[Any]:
+        c = oa.llama_chunk(ev.text, list(ev.tokens), -1)
+        if ev.logprobs and gen.n_probs is not None:  # one token's, as llama-server
+            c["completion_probabilities"] = logprob_objects(state, gen, ev.logprobs)
+        return [c]
+
+    def final(result: Result) -> list[Any]:
+        last = oa.llama_completion(model, result, settings, echo, gen.return_tokens,
+                                   state.n_ctx)
+        last["content"] = ""
+        last["tokens"] = []
+        return [last]
+
+    return stream(state, handle, t_start, chunk, final, done_marker=False)
+
+
 def install(app: FastAPI, state: ServerState) -> None:
     """Add the generation endpoints (and their 405 answers to GET) to ``app``."""
     cfg = state.config
 
     def probs(gen: Any, lps: Any) -> list[dict[str, Any]] | None:
-        """The response's per-token objects for ``lps`` (None: the request asked for none)."""
-        if gen.n_probs is None:
-            return None
-        return oa.logprob_entries(lps or (), state.tokenizer.token_to_piece,
-                                  gen.post_sampling_probs)
+        return logprob_objects(state, gen, lps)
 
     def held(gen: Any) -> Callable[[Any, dict[str, Any] | None], None]:
         """For OpenAI streams: collects each event's logprobs and puts those not yet sent
@@ -172,26 +203,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         prompt_echo = body.get("prompt")
         handle = await state.submit(ids, gen, oa.new_id("cmpl"),
                                     get_bool(body, "cache_prompt", True))
-        if not gen.stream:
-            result = await run_to_end(state, request, handle, t_start)
-            return JSONResponse(oa.llama_completion(model, result, settings, prompt_echo,
-                                                    gen.return_tokens, state.n_ctx,
-                                                    probs(gen, result.logprobs)))
-
-        def chunk(ev: Any) -> list[Any]:
-            c = oa.llama_chunk(ev.text, list(ev.tokens), -1)
-            if ev.logprobs and gen.n_probs is not None:  # one token's, as llama-server
-                c["completion_probabilities"] = probs(gen, ev.logprobs)
-            return [c]
-
-        def final(result: Result) -> list[Any]:
-            last = oa.llama_completion(model, result, settings, prompt_echo, gen.return_tokens,
-                                       state.n_ctx)
-            last["content"] = ""
-            last["tokens"] = []
-            return [last]
-
-        return stream(state, handle, t_start, chunk, final, done_marker=False)
+        return await answer_llama(state, request, handle, t_start, gen, model, settings,
+                                  prompt_echo)
 
     @app.get("/completion")
     @app.get("/v1/chat/completions")

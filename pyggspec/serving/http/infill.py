@@ -25,13 +25,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from pyggspec.serving.http import openai_api as oa
+from pyggspec.serving.http.completions import answer_llama
 from pyggspec.serving.http.protocol import ApiError, get_bool, invalid, parse_gen, read_body
 from pyggspec.serving.http.state import ServerState
-from pyggspec.serving.http.streaming import run_to_end, stream
-from pyggspec.serving.request import Result
 
 # llama.cpp's separator of extra chunks when the vocabulary has no <|file_sep|>
 CHUNK_PREFIX = "\n\n--- snippet ---\n\n"
@@ -151,29 +150,4 @@ def install(app: FastAPI, state: ServerState) -> None:
         settings = state.settings(gen)
         handle = await state.submit(ids, gen, oa.new_id("cmpl"),
                                     get_bool(body, "cache_prompt", True))
-
-        def probs(lps: Any) -> list[dict[str, Any]] | None:
-            if gen.n_probs is None:
-                return None
-            return oa.logprob_entries(lps or (), tok.token_to_piece, gen.post_sampling_probs)
-
-        if not gen.stream:
-            result = await run_to_end(state, request, handle, t_start)
-            return JSONResponse(oa.llama_completion(model, result, settings, echo,
-                                                    gen.return_tokens, state.n_ctx,
-                                                    probs(result.logprobs)))
-
-        def chunk(ev: Any) -> list[Any]:
-            c = oa.llama_chunk(ev.text, list(ev.tokens), -1)
-            if ev.logprobs and gen.n_probs is not None:
-                c["completion_probabilities"] = probs(ev.logprobs)
-            return [c]
-
-        def final(result: Result) -> list[Any]:
-            last = oa.llama_completion(model, result, settings, echo,
-                                       gen.return_tokens, state.n_ctx)
-            last["content"] = ""
-            last["tokens"] = []
-            return [last]
-
-        return stream(state, handle, t_start, chunk, final, done_marker=False)
+        return await answer_llama(state, request, handle, t_start, gen, model, settings, echo)
