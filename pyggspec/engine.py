@@ -31,6 +31,7 @@ from pyggspec.errors import PyggspecError
 from pyggspec.modelfile.identity import model_identity
 from pyggspec.models.batch import StepResult
 from pyggspec.sampling import SamplingParams
+from pyggspec.sampling.grammar import GrammarSpec, grammar_spec
 from pyggspec.serving.request import (
     Event,
     Generation,
@@ -325,29 +326,37 @@ class Engine:
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128,
                ignore_eos: bool = False, sampling: SamplingParams | None = None,
-               logprobs: int | None = None, post_sampling_probs: bool = False) -> Stream:
+               logprobs: int | None = None, post_sampling_probs: bool = False,
+               grammar: str | GrammarSpec | None = None,
+               json_schema: Mapping[str, Any] | str | None = None) -> Stream:
         """Generate for one prompt, one :class:`Piece` (token id + text, and its
-        log-probabilities with ``logprobs``: see :meth:`generate`) at a time, with the
-        engine's sampling and speculation settings (see :class:`Stream`)."""
+        log-probabilities with ``logprobs``; ``grammar`` / ``json_schema``: see
+        :meth:`generate`) at a time, with the engine's sampling and speculation settings
+        (see :class:`Stream`)."""
         (h,) = self._submit_all([prompt], max_tokens, ignore_eos, sampling,
-                                logprobs=logprobs, post_sampling_probs=post_sampling_probs)
+                                logprobs=logprobs, post_sampling_probs=post_sampling_probs,
+                                grammar=grammar_spec(grammar, json_schema))
         return Stream(self, h)
 
     def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
                        ignore_eos: bool = False, on_tokens=None,
                        sampling: SamplingParams | None = None, logprobs: int | None = None,
-                       post_sampling_probs: bool = False) -> Generation:
+                       post_sampling_probs: bool = False,
+                       grammar: str | GrammarSpec | None = None,
+                       json_schema: Mapping[str, Any] | str | None = None) -> Generation:
         """Generate for several prompts at once, in shared batches (one slot each; more
         prompts than slots wait for a free one).
 
         With ``spec_type="draft-mtp"`` every sequence speculates with its own drafts and
         acceptance; ``on_tokens(index, tokens)`` is called as tokens are emitted. Returns
         the results in prompt order, with the call's timings and speculation counts
-        (``logprobs``: see :meth:`generate`).
+        (``logprobs``, ``grammar``, ``json_schema``: see :meth:`generate`; every prompt
+        gets the same constraint).
         """
         t0 = time.perf_counter()
         handles = self._submit_all(prompts, max_tokens, ignore_eos, sampling,
-                                   logprobs=logprobs, post_sampling_probs=post_sampling_probs)
+                                   logprobs=logprobs, post_sampling_probs=post_sampling_probs,
+                                   grammar=grammar_spec(grammar, json_schema))
         if on_tokens is not None:
             for i, h in enumerate(handles):
                 h.add_callback(lambda item, i=i: on_tokens(i, list(item.tokens))
@@ -382,7 +391,9 @@ class Engine:
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128,
                  ignore_eos: bool = False, sampling: SamplingParams | None = None,
-                 logprobs: int | None = None, post_sampling_probs: bool = False) -> Result:
+                 logprobs: int | None = None, post_sampling_probs: bool = False,
+                 grammar: str | GrammarSpec | None = None,
+                 json_schema: Mapping[str, Any] | str | None = None) -> Result:
         """Generate for one prompt and return its result (text, tokens, timings, ``spec``:
         its speculation counts).
 
@@ -390,10 +401,18 @@ class Engine:
         token its log-probability and the k most likely tokens at its position, from the
         raw softmax of the target's logits (``post_sampling_probs``: from the sampler
         chain's distribution). They are the target's values for the token it emitted, the
-        same with and without speculation; a request that asks samples on the host."""
+        same with and without speculation; a request that asks samples on the host.
+
+        ``grammar`` (GBNF text, llama.cpp's ``--grammar``, or a
+        :class:`~pyggspec.sampling.grammar.GrammarSpec`) or ``json_schema`` (a schema
+        object or its JSON) constrains the output; it ends where the grammar is complete.
+        Compiled once per request (llguidance); a bad one raises
+        :class:`~pyggspec.sampling.grammar.GrammarError`. The same tokens with and
+        without speculation."""
         return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling,
                                    logprobs=logprobs,
-                                   post_sampling_probs=post_sampling_probs)[0]
+                                   post_sampling_probs=post_sampling_probs,
+                                   grammar=grammar, json_schema=json_schema)[0]
 
     def create_completion(self, prompt: str | Sequence[int], **kw) -> dict | Iterator[dict]:
         """llama-cpp-python's ``Llama.create_completion`` (same arguments and dict shapes;

@@ -250,6 +250,38 @@ class Tokenizer:
             e = self._eog[t] = bool(self._ll.llama_vocab_is_eog(self._vocab, t))
         return e
 
+    def eog_ids(self) -> list[int]:
+        """Every end-of-generation id (llama.cpp's set: EOS, EOT, ``<|im_end|>``, ...), for
+        a grammar that must allow them at its end. One pass over the vocabulary: callers
+        keep the answer (the grammar vocabulary is built once per tokenizer)."""
+        self._check_open()
+        is_eog, v = self._ll.llama_vocab_is_eog, self._vocab
+        return [t for t in range(self.n_vocab) if is_eog(v, t)]
+
+    def token_table(self) -> list[tuple[bytes, bool]]:
+        """Every token's bytes (control tokens rendered) and whether it is a control token
+        (or a user-defined one written like ``<...>``), as llguidance reads a llama.cpp
+        vocabulary. One pass over the vocabulary: callers keep the answer."""
+        self._check_open()
+        ll, v = self._ll, self._vocab
+        control = ll.LLAMA_TOKEN_ATTR_CONTROL
+        user = ll.LLAMA_TOKEN_ATTR_USER_DEFINED
+        out = []
+        for t in range(self.n_vocab):
+            piece = self.token_to_piece(t, special=True)
+            attr = ll.llama_vocab_get_attr(v, t)
+            out.append((piece, bool(attr & control) or bool(
+                attr & user and piece.startswith(b"<") and piece.endswith(b">"))))
+        self._pieces.clear()  # the table is kept by the caller; do not hold it twice
+        return out
+
+    def native_tokenizer(self) -> tuple[Any, int]:
+        """(llama.cpp's vocabulary handle, the address of ``llama_tokenize``): for native
+        code that tokenizes with this vocabulary (llguidance); valid while this is open."""
+        self._check_open()
+        fn = ctypes.cast(self._ll.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+        return self._vocab, int(fn)
+
     # -- chat ------------------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             add_generation_prompt: bool = True, *, jinja: bool = False,

@@ -144,7 +144,8 @@ class Worker:
                 t = self.samplers.choose(c.slot, row)
                 if c.logprobs is not None:
                     so.logprobs = [self._logprob(c.slot, c.logprobs, row, t)]
-                self.samplers.accept(c.slot, t)
+                if self.samplers.accept(c.slot, t):
+                    so.grammar_end = 0
                 so.tokens.append(t)
 
     def _plain(self, items: list[DecodeItem], out: StepOutput) -> None:
@@ -176,8 +177,8 @@ class Worker:
             so = out.seqs[it.slot] = SeqOutput([t], target_evals=1)
             if it.logprobs is not None:
                 so.logprobs = [self._logprob(it.slot, it.logprobs, res.logits[b], t)]
-            if not it.is_stop(t):
-                samplers.accept(it.slot, t)
+            if not it.is_stop(t) and samplers.accept(it.slot, t):
+                so.grammar_end = 0
 
     # --- the speculative step ------------------------------------------------------------
     def _speculative(self, items: list[DecodeItem], out: StepOutput) -> None:
@@ -206,7 +207,7 @@ class Worker:
             if it.logprobs is not None:  # row i is the target's own distribution of token i
                 so.logprobs = [self._logprob(it.slot, it.logprobs, logits[b, i], t, d[:i])
                                for i, t in enumerate(choices)]
-            self._accepted(it, drafts.get(it.slot), d, n, emitted)
+            so.grammar_end = self._accepted(it, drafts.get(it.slot), d, n, emitted)
             committed = [it.pending, *d[:n]]
             if not self._commit(it.slot, committed, planes[b], ub.tokens.shape[1]):
                 replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
@@ -231,6 +232,15 @@ class Worker:
         drafts = self.drafter.draft_slots(
             [(it.slot, it.pending, caps[it.slot], it.is_stop) for it in items
              if it.slot in drafting], self.samplers.chains, self.policy)
+        for slot, dr in drafts.items():
+            # drop drafts from the first one the slot's grammar forbids: the masked target
+            # cannot choose it, so it and what follows would be wasted verify rows (not
+            # probabilistic drafts: p/q rejection must see every draft it drew)
+            if dr.tokens and not dr.q:
+                keep = self.samplers.cut_to_grammar(slot, dr.tokens)
+                if keep < len(dr.tokens):
+                    del dr.tokens[keep:]
+                    del dr.probs[keep:]
         n_mtp = self.mtp.n_evals - before
         if self.policy is not None and n_mtp and any(caps[s] > 0 for s in drafting):
             self.policy.observe("mtp", len(drafting), 1,
@@ -282,16 +292,22 @@ class Worker:
             chain.n_sampled, is_stop)
 
     def _accepted(self, it: DecodeItem, draft, d: list[int], n: int,
-                  emitted: list[int]) -> None:
+                  emitted: list[int]) -> int | None:
         """What the chains, the drafter and the length policy learn from one sequence's
         outcome: emitted tokens advance its chain (one random number each), the first
-        decides between coupled and argmax drafts, the accepted count teaches the policy."""
+        decides between coupled and argmax drafts, the accepted count teaches the policy.
+        Returns the index of the emitted token that completes the sequence's grammar (the
+        output ends there: what follows it is not accepted), or None."""
         if draft is not None and draft.first is not None and emitted:
             self.drafter.observe(it.slot, draft, emitted[0])  # coupled draw vs argmax
-        for t in emitted:
-            self.samplers.accept(it.slot, t)
+        end = None
+        for i, t in enumerate(emitted):
+            if self.samplers.accept(it.slot, t):
+                end = i
+                break
         if self.policy is not None and it.spec and d and draft is not None:
             self.policy.record(it.slot, draft.probs, min(n, len(d)))
+        return end
 
     def _commit(self, slot: int, committed: list[int], planes: list[int], T: int) -> bool:
         """Commit the pending token and the accepted drafts; False when the recurrent

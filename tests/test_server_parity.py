@@ -93,7 +93,8 @@ def test_no_field_value_is_a_500(http):
               "repeat_last_n", "presence_penalty", "frequency_penalty", "seed", "samplers",
               "logit_bias", "stop", "ignore_eos", "n", "echo", "suffix", "cache_prompt",
               "return_tokens", "speculative", "speculative.n_max", "chat_template_kwargs",
-              "response_format", "logprobs", "n_probs", "grammar", "tools", "n_keep"]
+              "response_format", "logprobs", "n_probs", "grammar", "json_schema", "tools",
+              "n_keep"]
     values = [None, True, 0, -1, 1.5, "s", [], [1], {}, {"a": 1}, 10**30, 1e308, -(2**31) - 1]
     bases = {"/v1/chat/completions": CHAT, "/v1/completions": {"prompt": "x", "max_tokens": 2},
              "/completion": {"prompt": "x", "n_predict": 2}}

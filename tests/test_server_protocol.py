@@ -72,7 +72,7 @@ def test_gen_limits_and_unsupported_fields():
     for body, param in (({"max_tokens": -3}, "max_tokens"), ({"n": 2}, "n"),
                         ({"stop": [1]}, "stop"), ({"stream": "yes"}, "stream"),
                         ({"logprobs": True}, "logprobs"), ({"speculative": 1}, "speculative"),
-                        ({"response_format": {"type": "json_object"}}, "response_format")):
+                        ({"response_format": {"type": "sound"}}, "response_format")):
         e = err(parse_gen, body, D, 1024, None)
         assert e.status == 400 and e.param == param, body
 

@@ -1,5 +1,5 @@
 """Sampler chains: one sequence's sampler (:class:`SamplerChain`: stages, noise key, penalty
-window, snapshot/restore) and :class:`RowInput`, a chain at one output row.
+window, grammar state, snapshot/restore) and :class:`RowInput`, a chain at one output row.
 
 The other parts live beside it: :mod:`~pyggspec.sampling.host` (host sampling),
 :mod:`~pyggspec.sampling.plan` (graph prefix | host suffix), :mod:`~pyggspec.sampling.graph`
@@ -30,6 +30,7 @@ class ChainState:
 
     n_sampled: int
     history: tuple[int, ...]
+    n_grammar: int = 0  # tokens the grammar matcher consumed (0 without a grammar)
 
 
 class SamplerChain:
@@ -54,33 +55,48 @@ class SamplerChain:
         self.key = N.splitmix64(seed)
         self.n_sampled = 0
         self.history: deque[int] = deque(maxlen=max(params.repeat_last_n, 1))
+        # the grammar's parser state (llguidance), compiled once per request; it consumes
+        # emitted tokens only (a verify row's mask is taken at its draft prefix)
+        self.grammar = params.grammar.matcher() if params.grammar is not None else None
 
     def accept(self, token: int) -> None:
         """Record an emitted (sampled and kept) token: advances the noise counter."""
         self.history.append(int(token))
         self.n_sampled += 1
+        if self.grammar is not None:
+            self.grammar.accept(token)
 
     def accept_prompt(self, tokens: Sequence[int]) -> None:
         """Prompt tokens count for penalties but were not sampled."""
         self.history.extend(int(t) for t in tokens)
 
     def snapshot(self) -> ChainState:
-        return ChainState(self.n_sampled, tuple(self.history))
+        g = self.grammar
+        return ChainState(self.n_sampled, tuple(self.history),
+                          g.n_consumed if g is not None else 0)
 
     def restore(self, state: ChainState) -> None:
         self.n_sampled = state.n_sampled
         self.history.clear()
         self.history.extend(state.history)
+        if self.grammar is not None:
+            self.grammar.restore(state.n_grammar)
+
+    @property
+    def grammar_done(self) -> bool:
+        """The grammar allows nothing but end of generation now (the output ends here)."""
+        return self.grammar is not None and self.grammar.stopped
 
     def reset(self) -> None:
         self.restore(ChainState(0, ()))
 
     def row(self, prefix: Sequence[int] = ()) -> S.RowCtx:
         """The context of the token after ``prefix`` (e.g. drafts before a verify row)."""
-        hist = tuple(self.history) + tuple(int(t) for t in prefix)
+        pre = tuple(int(t) for t in prefix)
+        hist = tuple(self.history) + pre
         n = self.params.repeat_last_n
-        return S.RowCtx(hist[-n:] if n > 0 else (), self.key, self.n_sampled + len(prefix),
-                        self.n_vocab)
+        return S.RowCtx(hist[-n:] if n > 0 else (), self.key, self.n_sampled + len(pre),
+                        self.n_vocab, self.grammar, pre)
 
     @property
     def sig(self) -> tuple:

@@ -178,7 +178,9 @@ class DeviceSampling:
                 raise ValueError("a chain's samplers differ from the plan's (build per plan)")
             rc = ch.row(ri.prefix)
             for st in ch.stages[:plan.n_device]:
-                if isinstance(st, S.LogitBias):
+                if isinstance(st, S.GrammarMask):
+                    a["grammar_bias"][r * V:(r + 1) * V] = ch.grammar.bias(ri.prefix)
+                elif isinstance(st, S.LogitBias):
                     n = len(st.entries)
                     a["bias_idx"][r * n:(r + 1) * n] = [r * V + t for t, _ in st.entries]
                     a["bias_val"][r * n:(r + 1) * n] = [bv for _, bv in st.entries]

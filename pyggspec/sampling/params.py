@@ -12,9 +12,12 @@ import math
 import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyggspec.errors import PyggspecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyggspec.sampling.grammar import Grammar
 
 DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: draw a random seed
 
@@ -134,6 +137,9 @@ class SamplingParams:
     seed: int = DEFAULT_SEED  # --seed; 0xFFFFFFFF draws a random seed
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS  # --samplers
     logit_bias: tuple[tuple[int, float], ...] = field(default=())  # --logit-bias
+    # --grammar / --json-schema, compiled for the engine's vocabulary (sampling.grammar);
+    # each chain gets its own matcher
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         for flag, v in (("--top-k", self.top_k), ("--repeat-last-n", self.repeat_last_n),

@@ -111,5 +111,16 @@ class SequenceSamplers:
             return int(logits_row.argmax())
         return sample_host(chain, logits_row, prefix)
 
-    def accept(self, slot: int, token: int) -> None:
-        self.chains[slot].accept(token)
+    def accept(self, slot: int, token: int) -> bool:
+        """Record an emitted token; True when the slot's grammar allows nothing but end of
+        generation after it (the output ends there)."""
+        chain = self.chains[slot]
+        chain.accept(token)
+        return chain.grammar is not None and chain.grammar.stopped
+
+    def cut_to_grammar(self, slot: int, drafts: list[int]) -> int:
+        """How many of ``drafts`` the slot's grammar allows from its state (all of them
+        without a grammar): the verify stops at the first one it forbids anyway, so the
+        rest need not be verified."""
+        g = self.chains[slot].grammar
+        return len(drafts) if g is None else g.valid_prefix(drafts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from pyggspec.ggml.context import Context
 from pyggspec.ggml.tensor import Tensor
 from pyggspec.sampling.noise import G_MAX, G_MIN, build_noise, noise_host
 from pyggspec.sampling.params import UNIMPLEMENTED, SamplingParams
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyggspec.sampling.grammar import GrammarMatcher
 
 
 # --- counter-based noise (pyggspec/sampling/noise.py) -----------------------------------------
@@ -65,6 +69,8 @@ class RowCtx:
     key: int  # the chain's noise key
     counter: int  # number of tokens this chain sampled before this row's token
     n_vocab: int
+    grammar: GrammarMatcher | None = None  # the chain's grammar state (None: no grammar)
+    prefix: tuple[int, ...] = ()  # the drafts between the chain's state and this row
 
 
 def argmax_lowest(c: Cand) -> int:
@@ -133,6 +139,24 @@ class Stage:
     def signature(self) -> tuple:
         """What fixes the graph shape (values that only feed inputs are left out)."""
         return (self.name,)
+
+
+@dataclass(frozen=True)
+class GrammarMask(Stage):
+    """A grammar's constraint (:mod:`~pyggspec.sampling.grammar`): forbidden tokens get
+    -inf. The first stage, so every later one sees only what the grammar allows. In the
+    graph: + a 0 / -inf bias row per output row (exact)."""
+
+    name = "grammar"
+    device = True
+
+    def host(self, c: Cand, row: RowCtx) -> Cand:
+        g = row.grammar
+        allowed = g.allowed(row.prefix) if g is not None else None
+        if allowed is None:
+            return c
+        keep = allowed if c.ids is None else allowed[c.ids]
+        return Cand(c.ids, np.where(keep, c.logits, np.float32(-np.inf)).astype(np.float32))
 
 
 @dataclass(frozen=True)
@@ -346,12 +370,14 @@ class Dist(Stage):
 
 
 def resolve_stages(params: SamplingParams, n_vocab: int) -> tuple[Stage, ...]:
-    """The effective chain: logit bias first (as llama.cpp), then ``params.samplers`` in
+    """The effective chain: the grammar's mask, logit bias (as llama.cpp), then ``params.samplers`` in
     order without disabled members, then dist. Temperature <= 0 becomes greedy: the
     filters that always keep the maximum (top_k, top_p, min_p) cannot change an argmax
     under the lowest-id tie rule and are dropped; later stages see one token and are too."""
     stages: list[Stage] = []
     params.check_vocab(n_vocab)
+    if params.grammar is not None:
+        stages.append(GrammarMask())
     if params.logit_bias:
         agg: dict[int, np.float32] = {}
         for tok, b in params.logit_bias:
@@ -440,6 +466,10 @@ class GraphBuilder:
         return c.reshape(out, (V, R))
 
 
+def build_grammar(b: GraphBuilder, x: Tensor, st: GrammarMask) -> Tensor:
+    return b.op(b.ctx.add(x, b.input("grammar_bias", "f32", (b.V, b.R))))
+
+
 def build_logit_bias(b: GraphBuilder, x: Tensor, st: LogitBias) -> Tensor:
     n = len(st.entries)
 
@@ -500,7 +530,7 @@ def build_dist(b: GraphBuilder, x: Tensor, st: Dist) -> dict[str, Tensor]:
 
 
 BUILDERS: dict[str, Callable] = {
-    "logit_bias": build_logit_bias, "penalties": build_penalties,
+    "grammar": build_grammar, "logit_bias": build_logit_bias, "penalties": build_penalties,
     "temperature": build_temperature, "min_p": build_min_p, "top_k": build_top_k,
     "greedy": build_greedy, "dist": build_dist,
 }

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyggspec.errors import PyggspecError
+from pyggspec.sampling.grammar import Grammar, GrammarSpec
 from pyggspec.sampling.params import SamplingParams
 from pyggspec.serving.sequence import TokenLogprob
 
@@ -73,6 +74,10 @@ class Request:
     ``logprobs`` most likely tokens at its position (llama-server's ``n_probs``), from the
     raw softmax of the target's logits or, with ``post_sampling_probs``, from the sampler
     chain's distribution; the same values with and without speculation.
+    ``grammar`` constrains the output (llama-server's ``grammar`` / ``json_schema``): a
+    :class:`~pyggspec.sampling.grammar.GrammarSpec`, compiled for the engine's vocabulary
+    when the request is validated (``grammar`` then holds the compiled grammar); the
+    output ends where the grammar allows nothing but end of generation.
     """
 
     prompt: str | Sequence[int]
@@ -88,6 +93,7 @@ class Request:
     id: str | None = None
     logprobs: int | None = None
     post_sampling_probs: bool = False
+    grammar: GrammarSpec | Grammar | None = None
 
 
 # --- what comes back ------------------------------------------------------------------------

@@ -45,13 +45,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from pyggspec.errors import PyggspecError
 from pyggspec.models.batch import chunk_group
+from pyggspec.sampling.grammar import Grammar, GrammarSpec, compile_grammar, grammar_vocab
 from pyggspec.sampling.params import SamplingParams
 from pyggspec.serving.prefix_cache import common_prefix
 from pyggspec.serving.request import (
@@ -244,7 +245,24 @@ class Scheduler:
                                f"alternatives reported per token), got {lp!r}")
         if not isinstance(req.post_sampling_probs, bool):
             raise RequestError("post_sampling_probs must be a boolean")
+        if req.grammar is not None:
+            req.grammar = self._compile_grammar(req.grammar)
         return toks
+
+    def _compile_grammar(self, g: GrammarSpec | Grammar) -> Grammar:
+        """A request's grammar compiled for this engine's vocabulary (once per request; the
+        vocabulary's grammar tables once per engine). :class:`GrammarError` (naming the
+        request field) when it does not compile."""
+        if isinstance(g, Grammar):
+            if g.vocab.n_vocab != self.limits.n_vocab:
+                raise RequestError("grammar was compiled for another vocabulary")
+            return g
+        if not isinstance(g, GrammarSpec):
+            raise RequestError("grammar must be a GrammarSpec")
+        if self.tokenizer is None:
+            raise RequestError("a grammar needs the tokenizer (the engine was created with "
+                               "load_tokenizer=False)")
+        return compile_grammar(g, grammar_vocab(self.tokenizer, self.limits.n_vocab))
 
 
     # --- running -------------------------------------------------------------------------
@@ -459,8 +477,11 @@ class Scheduler:
         info = self._slot_info[slot]
         info.last_used = time.monotonic()
         info.n_decoded = 0
+        params = req.sampling
+        if isinstance(req.grammar, Grammar):  # the chain's first stage; its own matcher
+            params = replace(params or self.worker.samplers.params, grammar=req.grammar)
         seq.n_cached = seq.n_done = owner.last_ckpt = self.worker.begin(
-            slot, seq.prompt, req.sampling, req.cache_prompt, spec)
+            slot, seq.prompt, params, req.cache_prompt, spec)
         owner.timings.cache_n = seq.n_cached
         with self._lock:
             self._counts["prompt_tokens_cached"] += seq.n_cached
@@ -606,6 +627,9 @@ class Scheduler:
             if stop is not None:
                 seq.stop_word = stop
                 self._finish(seq, SeqStatus.FINISHED_STOP)
+                return
+            if i == so.grammar_end:  # the grammar is complete: only EOS could follow
+                self._finish(seq, SeqStatus.FINISHED_EOS)
                 return
         if seq.room(self.limits.n_ctx) <= 0:
             self._finish(seq, seq.length_reason())

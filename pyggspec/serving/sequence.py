@@ -167,6 +167,9 @@ class SeqOutput:
     target_evals: int = 0
     mtp_evals: int = 0
     logprobs: list[TokenLogprob] | None = None
+    # index in ``tokens`` of the token after which the sequence's grammar allows nothing
+    # but end of generation: the output ends with it (None: no grammar, or not yet)
+    grammar_end: int | None = None
 
 
 @dataclass

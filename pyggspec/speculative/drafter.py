@@ -212,10 +212,19 @@ class MtpDrafter:
         return ids, probs
 
     def _sampled(self, chains: Mapping[int, SamplerChain] | None, slot: int) -> SamplerChain | None:
-        if not self.coupled or chains is None:
+        """The chain that draws the slot's drafts (None: the head's argmax): a sampling
+        chain's when drafts are coupled, and a chain with a grammar whenever its drafts are
+        not drawn from q: its mask keeps the drafts inside the grammar (a greedy chain's
+        draw is then the argmax among the allowed tokens), so they can be accepted."""
+        if chains is None:
             return None
         ch = chains.get(slot)
-        return ch if ch is not None and ch.stages[-1].name == "dist" else None
+        if ch is None:
+            return None
+        dist = ch.stages[-1].name == "dist"
+        if ch.grammar is not None and not (self.probabilistic and dist):
+            return ch
+        return ch if self.coupled and dist else None
 
     def _run(self, mb: MtpBatch, rows: list[tuple[SamplerChain | None, tuple[int, ...]]]) -> MtpResult:
         """One MTP evaluation whose output rows are drawn by ``rows``' chains (None: argmax)."""
@@ -272,8 +281,8 @@ class MtpDrafter:
         self.failed = True
 
     def _choice(self, slot: int, chain: SamplerChain | None) -> DraftChoice | None:
-        if chain is None:
-            return None
+        if chain is None or chain.stages[-1].name != "dist" or not self.coupled:
+            return None  # a greedy chain's (grammar) draw is always its best guess
         c = self.choices.get(slot)
         if c is None or c.temp != chain.params.temp:
             c = self.choices[slot] = DraftChoice(chain.params.temp)

@@ -195,10 +195,12 @@ def llama_chunk(text: str, tokens: list[int], slot: int) -> dict[str, Any]:
     return {"index": 0, "content": text, "tokens": tokens, "stop": False, "id_slot": slot}
 
 
-def model_card(model_id: str, created: int, meta: dict[str, Any]) -> dict[str, Any]:
-    """One ``/v1/models`` ``data[]`` entry (OpenAI's card with llama-server's extras)."""
-    return {"id": model_id, "aliases": [], "tags": [], "object": "model", "created": created,
-            "owned_by": "pyggspec", "meta": meta}
+def model_card(model_id: str, created: int, meta: dict[str, Any],
+               aliases: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One ``/v1/models`` ``data[]`` entry (OpenAI's card with llama-server's extras:
+    ``-a`` aliases and ``--tags``, sorted as llama-server's sets are)."""
+    return {"id": model_id, "aliases": sorted(aliases), "tags": sorted(tags),
+            "object": "model", "created": created, "owned_by": "pyggspec", "meta": meta}
 
 
 def ollama_model_entry(model_id: str) -> dict[str, Any]:
@@ -238,7 +240,9 @@ def generation_settings(gen: GenParams, *, n_ctx: int, model_id: str, speculativ
         # request bans a token with (JSON has no -inf)
         "logit_bias": [{"bias": b if math.isfinite(b) else False, "token": t}
                        for t, b in s.logit_bias],
-        "n_probs": gen.n_probs or 0, "min_keep": 0, "grammar": "", "grammar_lazy": False,
+        "n_probs": gen.n_probs or 0, "min_keep": 0,
+        "grammar": gen.grammar.text if gen.grammar and gen.grammar.kind == "gbnf" else "",
+        "grammar_lazy": False,
         "grammar_triggers": [], "preserved_tokens": [], "chat_format": "Content-only",
         "reasoning_format": "none", "reasoning_in_content": False,
         "generation_prompt": "", "samplers": list(s.samplers),

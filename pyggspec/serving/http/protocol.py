@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyggspec.sampling import SamplingParams
+from pyggspec.sampling.grammar import GrammarError, GrammarSpec
 from pyggspec.sampling.params import DEFAULT_SEED, SamplingParamError, parse_samplers
 
 # HTTP status -> error type, as llama-server names them (OpenAI's shapes)
@@ -269,6 +270,7 @@ class GenParams:
     echo: bool = False
     n_probs: int | None = None  # alternatives reported per token (None: no logprobs at all)
     post_sampling_probs: bool = False  # from the sampler chain's distribution, as probs
+    grammar: GrammarSpec | None = None  # grammar / json_schema / response_format
 
 
 MAX_STOP = 16
@@ -379,15 +381,11 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
     if n != 1:
         raise ApiError(400, f"'n' must be 1 (one choice per request), got {n}", param="n")
     n_probs = parse_logprobs(body, api, n_vocab)
-    for key in ("grammar", "json_schema", "functions", "mirostat"):
+    for key in ("functions", "mirostat"):
         if body.get(key) not in (None, [], "", 0):
             raise ApiError(400, f"'{key}' is not supported by pyggspec serve", param=key,
                            type="not_supported_error")
-    rf = body.get("response_format")
-    if rf is not None and (not isinstance(rf, dict) or rf.get("type") not in ("text",)):
-        raise ApiError(400, "'response_format' other than {\"type\": \"text\"} is not "
-                       "supported by pyggspec serve", param="response_format",
-                       type="not_supported_error")
+    grammar = parse_grammar(body)
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise invalid("'stream_options' must be an object", "stream_options")
@@ -412,7 +410,59 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
         echo=get_bool(body, "echo", False),
         n_probs=n_probs,
         post_sampling_probs=get_bool(body, "post_sampling_probs", False),
+        grammar=grammar,
     )
+
+
+def parse_grammar(body: Mapping[str, Any]) -> GrammarSpec | None:
+    """The output constraint: llama-server's ``grammar`` (GBNF text) or ``json_schema`` (a
+    schema object), or OpenAI's ``response_format`` (``{"type": "json_object"}`` with
+    llama-server's optional ``"schema"``, ``{"type": "json_schema", "json_schema":
+    {"schema": ...}}``, ``{"type": "text"}``). More than one is a 400, as llama-server
+    refuses ``grammar`` with ``json_schema``. Only the shape is checked here; the scheduler
+    compiles it (a grammar that does not compile is a 400 naming the field too)."""
+    grammar = body.get("grammar")
+    if grammar is not None and not isinstance(grammar, str):
+        raise invalid(f"'grammar' must be a string (GBNF), got {_kind(grammar)}", "grammar")
+    found: list[GrammarSpec] = []
+    if grammar:
+        found.append(GrammarSpec.gbnf(grammar, "grammar"))
+    schema = body.get("json_schema")
+    if schema is not None:
+        found.append(_schema_spec(schema, "json_schema"))
+    rf = body.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict):
+            raise invalid(f"'response_format' must be an object, got {_kind(rf)}",
+                          "response_format")
+        kind = rf.get("type", "text")
+        if kind == "json_object":
+            # OpenAI's JSON mode: an object (llama-server reads any JSON value here);
+            # llama-server's extension: its own "schema"
+            found.append(_schema_spec(rf.get("schema", {"type": "object"}), "response_format"))
+        elif kind == "json_schema":
+            wrapper = rf.get("json_schema", {})
+            if not isinstance(wrapper, dict):
+                raise invalid("'response_format.json_schema' must be an object",
+                              "response_format")
+            found.append(_schema_spec(wrapper.get("schema", {}), "response_format"))
+        elif kind != "text":
+            raise invalid("'response_format' type must be one of \"text\", \"json_object\" "
+                          f"or \"json_schema\", but got: {kind!r}", "response_format")
+    if len(found) > 1:
+        names = " and ".join(f"'{g.field}'" for g in found)
+        raise invalid(f"{names} cannot be used together: give one output constraint",
+                      found[1].field)
+    return found[0] if found else None
+
+
+def _schema_spec(schema: Any, key: str) -> GrammarSpec:
+    if not isinstance(schema, (dict, bool)):
+        raise invalid(f"'{key}' schema must be a JSON object, got {_kind(schema)}", key)
+    try:
+        return GrammarSpec.json_schema(schema, key)
+    except GrammarError as e:
+        raise invalid(f"'{key}': {e.message}", key) from None
 
 
 # ---------------------------------------------------------------------------- prompts

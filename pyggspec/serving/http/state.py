@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pyggspec.sampling import SamplingParams
+from pyggspec.sampling.grammar import GrammarError
 from pyggspec.serving.http import openai_api as oa
 from pyggspec.serving.http.chat import ChatTemplate
 from pyggspec.serving.http.metrics import ServeMetrics
@@ -40,6 +41,9 @@ class ServerConfig:
 
     model_id: str  # what /v1/models reports and responses echo when a request names none
     model_path: str = ""
+    aliases: tuple[str, ...] = ()  # -a A,B,...: llama-server lists them in /v1/models
+    tags: tuple[str, ...] = ()  # --tags: informational, listed in /v1/models
+    endpoint_slots: bool = True  # --no-slots: GET /slots answers 501, as llama-server
     api_key: str | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int | None = None  # default output limit (-n); None: until EOG/context
@@ -128,11 +132,14 @@ class ServerState:
         req = GenRequest(prompt=ids, max_tokens=gen.max_tokens, sampling=gen.sampling,
                          stop=gen.stop, ignore_eos=gen.ignore_eos, speculative=gen.speculative,
                          n_draft_max=gen.n_draft_max, cache_prompt=cache_prompt, id=rid,
-                         logprobs=gen.n_probs, post_sampling_probs=gen.post_sampling_probs)
+                         logprobs=gen.n_probs, post_sampling_probs=gen.post_sampling_probs,
+                         grammar=gen.grammar)
         try:
             return await asyncio.to_thread(self.scheduler.submit, req)
         except RequestError as e:
             raise invalid(e.message) from None
+        except GrammarError as e:  # compiled in submit (off the event loop)
+            raise invalid(f"'{e.where}': {e.message}", e.where) from None
         except QueueFull as e:
             raise ApiError(503, f"server busy: {e.message}; retry later") from None
         except SchedulerClosed as e:
