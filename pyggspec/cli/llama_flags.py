@@ -40,7 +40,7 @@ _DRAFT_PLACE = ("the MTP head runs with the trunk: on the output layer's device,
                 "trunk's threads and -ot patterns")
 _MEDIA = "Qwen3.5 text models only: no multimodal projector"
 _SAMPLER = "this sampler is not implemented (see --samplers for those that are)"
-_GRAMMAR = "grammars and JSON schemas are not implemented"
+_GRAMMAR = "no server-wide grammar; per request: the grammar / json_schema fields"
 _ROPE = "the context's RoPE comes from the GGUF; no overrides"
 _DOWNLOAD = "pyggspec opens local GGUF files only (-m)"
 _LORA = "adapters and control vectors are not implemented"
@@ -116,7 +116,7 @@ TABLE = f"""
 --dry-multiplier --dry-base --dry-allowed-length --dry-penalty-last-n --dry-sequence-breaker :: 1 sr R :: {_SAMPLER}
 --adaptive-target --adaptive-decay --dynatemp-range --dynatemp-exp :: 1 sr R :: {_SAMPLER}
 --mirostat --mirostat-lr --mirostat-ent :: 1 sr R :: {_SAMPLER}
---grammar --grammar-file -j --json-schema -jf --json-schema-file :: 1 sr R :: {_GRAMMAR}
+--grammar --grammar-file -j --json-schema -jf --json-schema-file :: 1 s/r R/H :: {_GRAMMAR}
 -bs --backend-sampling :: 0 sr H
 --pooling :: 1 s R :: {_EMBED}
 --rope-scaling --rope-scale --rope-freq-base --rope-freq-scale --yarn-orig-ctx :: 1 sr R :: {_ROPE}

@@ -31,6 +31,8 @@ from pyggspec.cli.common import (
 )
 from pyggspec.cli.llama_flags import LlamaCommand, llama_flags
 from pyggspec.config import EngineConfig
+from pyggspec.errors import PyggspecError
+from pyggspec.sampling.grammar import GrammarSpec
 
 
 def _parse_prompt_tokens(value: str | None) -> list[int] | None:
@@ -94,6 +96,32 @@ def _budget_lines(budget: dict | None) -> list[str]:
     return out
 
 
+def _grammar_option(grammar: str | None, grammar_file: Path | None, json_schema: str | None,
+                    json_schema_file: Path | None) -> GrammarSpec | None:
+    """llama.cpp's --grammar / --grammar-file / -j / -jf as one constraint (at most one
+    given). Errors name the flag, or the file for the *-file forms; the grammar itself is
+    compiled once the engine (its vocabulary) is loaded."""
+    given = [(f, v) for f, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
+                                 ("--json-schema", json_schema),
+                                 ("--json-schema-file", json_schema_file)) if v is not None]
+    if len(given) > 1:
+        raise PyggspecError(given[1][0], f"give one of {', '.join(f for f, _ in given)}")
+    if not given:
+        return None
+    flag, value = given[0]
+    where, text = flag, value
+    if isinstance(value, Path):
+        where = str(value)
+        try:
+            text = value.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise PyggspecError(where, "no such file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise PyggspecError(where, f"cannot read it: {e}") from None
+    kind = "json_schema" if flag.startswith("--json") else "gbnf"
+    return GrammarSpec(kind, str(text), where)
+
+
 @click.command(cls=LlamaCommand, context_settings=CONTEXT_SETTINGS)
 @MODEL(help="GGUF model (trunk, MTP grafted or not). Without it, --spec-type draft-mtp runs "
             "the built-in synthetic demo model.")
@@ -120,17 +148,27 @@ def _budget_lines(budget: dict | None) -> list[str]:
 @CTX_CHECKPOINTS()
 @CHECKPOINT_MIN_STEP()
 @sampling_options
+@click.option("--grammar", default=None, metavar="GBNF",
+              help="Constrain the output with a GBNF grammar (llama.cpp's syntax).")
+@click.option("--grammar-file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Read the GBNF grammar from a file.")
+@click.option("-j", "--json-schema", "json_schema", default=None, metavar="SCHEMA",
+              help="Constrain the output to JSON matching this JSON schema.")
+@click.option("-jf", "--json-schema-file", type=click.Path(path_type=Path, dir_okay=False),
+              default=None, help="Read the JSON schema from a file.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
 @llama_flags("run")
 @engine_config
 def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         prompt_file: Path | None, prompt_tokens: str | None, chat: bool,
         system_prompt: str | None, n_predict: int, rpc: str | None, ignore_eos: bool,
-        as_json: bool) -> None:
+        grammar: str | None, grammar_file: Path | None, json_schema: str | None,
+        json_schema_file: Path | None, as_json: bool) -> None:
     """Generate text from MODEL, optionally with MTP speculative decoding.
 
     Sampling follows llama.cpp's flags and defaults (--temp 0.8 ...; --temp 0 is greedy).
     """
+    constraint = _grammar_option(grammar, grammar_file, json_schema, json_schema_file)
     ids = _parse_prompt_tokens(prompt_tokens)
     texts = list(prompts)
     if prompt_file is not None:
@@ -181,7 +219,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         if n_predict < 0:  # -1/-2: the context bounds the output
             n_predict = engine.n_ctx
         results = engine.generate_batch(inputs, max_tokens=n_predict, ignore_eos=ignore_eos,
-                                        on_tokens=stream)
+                                        on_tokens=stream, grammar=constraint)
         if stream is not None:
             sys.stdout.write(detok.flush())
         memory = engine.memory()
