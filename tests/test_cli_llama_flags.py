@@ -385,6 +385,107 @@ def test_cors_origins():
     assert r.headers["access-control-allow-origin"] == "http://a.example"
     r = client.get("/health", headers={"Origin": "http://b.example"})
     assert "access-control-allow-origin" not in r.headers
+    # llama-server's default (no --cors-* flag): any origin, echoed, with credentials;
+    # every OPTIONS is a preflight answered before the API key is checked
     bare = FastAPI()
+    bare.get("/health")(lambda: {"status": "ok"})
     serve_mod._add_cors(bare, None, None, None, None)
-    assert not bare.user_middleware
+    client = TestClient(bare)
+    r = client.get("/health", headers={"Origin": "web.mydomain.fr"})
+    assert r.headers["access-control-allow-origin"] == "web.mydomain.fr"
+    r = client.options("/completions", headers={"Origin": "localhost"})
+    assert r.status_code == 200 and r.text == ""
+    assert r.headers["access-control-allow-origin"] == "localhost"
+    assert r.headers["access-control-allow-credentials"] == "true"
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    assert r.headers["access-control-allow-headers"] == "*"
+    local = FastAPI()
+    local.get("/health")(lambda: {"status": "ok"})
+    serve_mod._add_cors(local, "localhost", None, None, False)
+    client = TestClient(local)
+    for origin, allowed in (("http://[::1]:3000", True), ("http://127.0.0.1", True),
+                            ("http://localhost.evil.com", False), ("http://evil.com", False)):
+        r = client.get("/health", headers={"Origin": origin})
+        assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
+    assert client.options("/x").headers["access-control-allow-credentials"] == "false"
+
+
+def test_serve_ctx_is_split_over_slots_as_llama_server(built, tiny):
+    """llama-server's -c is the context of all slots: -c 512 -np 2 gives each slot 256;
+    -kvu, or -np left at auto, gives each slot all of it (b11549's llama_context)."""
+    cases = [(["-c", "512", "-np", "2"], 256), (["-c", "512", "-np", "2", "-kvu"], 512),
+             (["-c", "512"], 512), (["-c", "512", "-np", "-1"], 512),
+             (["-c", "512", "-np", "3", "--no-kv-unified"], 170),
+             (["-c", "0", "-np", "2"], 2048)]  # the tiny model's training context is 4096
+    for flags, want in cases:
+        seen = {}
+
+        def engine_from_config(path, config, seen=seen):
+            seen["n_ctx"] = config.n_ctx
+            raise Built
+
+        serve_mod.engine_from_config, saved = engine_from_config, serve_mod.engine_from_config
+        try:
+            CliRunner().invoke(main, ["serve", "-m", str(tiny), *flags])
+        finally:
+            serve_mod.engine_from_config = saved
+        assert seen["n_ctx"] == want, (flags, seen)
+    r = built("serve", "-c", "2", "-np", "4")[0]
+    assert r.exit_code == 2 and "cannot be split over 4 slots" in r.output
+
+
+def test_serve_aliases_tags_and_slots_flags(monkeypatch):
+    """-a A,B,C (sorted, the first names the model), --tags, --no-slots reach the server's
+    config (llama-server: /v1/models lists aliases and tags, /slots answers 501)."""
+    from pyggspec.serving import server
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    class Engine:
+        n_ctx = 64
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    def create_app(engine, config, max_queue):
+        seen["config"] = config
+        raise Stop
+
+    monkeypatch.setattr(serve_mod, "engine_from_config", lambda p, c: Engine())
+    monkeypatch.setattr(server, "create_app", create_app)
+    CliRunner().invoke(main, ["serve", "-m", "x.gguf", "-a", "tinyllama-2, fim,code,",
+                              "--tags", "chat,fim,small", "--no-slots"])
+    c = seen["config"]
+    assert (c.model_id, c.aliases, c.tags) == ("code", ("code", "fim", "tinyllama-2"),
+                                               ("chat", "fim", "small"))
+    assert c.endpoint_slots is False
+    CliRunner().invoke(main, ["serve", "-m", "x.gguf", "--slots"])
+    assert seen["config"].endpoint_slots and seen["config"].model_id == "x.gguf"
+
+
+def test_serve_listens_on_every_host():
+    """--host 127.0.0.1,::1 (llama-server's comma-separated addresses): one port, both."""
+    import socket
+
+    from pyggspec.serving.http.run import _bind
+
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    socks = _bind(["127.0.0.1", "[::1]"], 0)
+    try:
+        ports = {s.getsockname()[1] for s in socks}
+        assert len(socks) == 2 and len(ports) == 1
+        for s, host in zip(socks, ("127.0.0.1", "::1")):
+            assert s.getsockname()[0] == host
+    finally:
+        for s in socks:
+            s.close()

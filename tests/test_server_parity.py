@@ -318,3 +318,20 @@ def test_template_caps_of_qwen35():
     assert caps["supports_tools"] and caps["supports_tool_calls"]
     assert caps["supports_parallel_tool_calls"] and caps["supports_object_arguments"]
     assert caps["supports_system_role"] and caps["supports_typed_content"]
+
+
+# ---------------------------------------------------------------------------- flags' effects
+def test_no_slots_is_501_and_models_lists_aliases_and_tags(engine, model_path):
+    """llama-server's --no-slots (GET /slots: 501 not_supported_error), -a A,B and --tags
+    (/v1/models data[].aliases / tags; the id is the first alias)."""
+    app = create_app(engine, ServerConfig(model_id="code", model_path=str(model_path),
+                                          aliases=("code", "fim"), tags=("chat",),
+                                          endpoint_slots=False),
+                     manage_scheduler=False)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.get("/slots")
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+        assert c.get("/props").json()["endpoint_slots"] is False
+        card = c.get("/v1/models").json()["data"][0]
+        assert (card["id"], card["aliases"], card["tags"]) == ("code", ["code", "fim"],
+                                                               ["chat"])

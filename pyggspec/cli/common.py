@@ -58,6 +58,7 @@ def _n_parallel_cb(ctx: click.Context, param: click.Parameter, value: int) -> in
     if value == 0:
         raise click.BadParameter("0 is not a valid number of sequences (-1: auto)")
     if value == -1:
+        ctx.meta["pyggspec.n_parallel_auto"] = True  # serve: llama-server's unified KV
         return 4 if ctx.command.name == "serve" else 1
     return value
 

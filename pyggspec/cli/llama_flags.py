@@ -82,8 +82,7 @@ TABLE = f"""
 -cms :: 1 s H
 --checkpoint-min-step :: 1 sr H
 -cram --cache-ram :: 1 sr N :: prompt reuse keeps -ctxcp recurrent-state checkpoints per slot, not a host prompt cache
--kvu --kv-unified :: 0 s N :: each slot holds its own -c tokens; the cache is one buffer either way
--no-kvu --no-kv-unified :: 0 s N :: each slot holds its own -c tokens already
+-kvu --kv-unified -no-kvu --no-kv-unified :: 0 s H
 --cache-idle-slots --no-cache-idle-slots :: 0 s N :: an idle slot keeps its tokens for prompt reuse
 --context-shift :: 0 sr R :: no context shift: generation stops when the context is full
 --no-context-shift :: 0 sr N :: there is no context shift: generation stops when the context is full
@@ -160,7 +159,7 @@ TABLE = f"""
 --control-vector-layer-range :: 2 sr R :: {_LORA}
 --lora-init-without-apply :: 0 s R :: {_LORA}
 -a --alias :: 1 s H
---tags :: 1 s R :: no model tags
+--tags :: 1 s H
 -m --model :: 1 sr H
 -mu --model-url -dr --docker-repo -hf -hfr --hf-repo -hff --hf-file -hft --hf-token :: 1 sr R :: {_DOWNLOAD}
 -o --output --output-file :: 1 r R :: output goes to stdout; --json prints one object
@@ -188,7 +187,7 @@ TABLE = f"""
 --cache-reuse :: 1 s R :: no KV shifting for chunk reuse
 --metrics :: 0 s N :: /metrics is always served
 --props :: 0 s R :: POST /props is not implemented; GET /props is served
---slots --no-slots :: 0 s N :: /slots is always served
+--slots --no-slots :: 0 s H
 --slot-save-path :: 1 s H
 --media-path :: 1 s R :: {_MEDIA}
 --models-dir --models-preset --models-max :: 1 s R :: {_ROUTER}
@@ -244,7 +243,7 @@ TABLE = f"""
 """
 
 # no-op flags shown in -h (the everyday ones); every other N and R flag is hidden
-VISIBLE = frozenset({"--metrics", "--slots", "-fa", "-cb", "-kvu", "--offline", "-cram",
+VISIBLE = frozenset({"--metrics", "-fa", "-cb", "--offline", "-cram",
                      "--no-context-shift", "--swa-full", "-tb", "--no-webui", "-ngld"})
 
 

@@ -1,8 +1,11 @@
 """``pyggspec serve``: the command (thin: flags -> Engine -> ``create_app`` -> uvicorn).
 
 llama-server's flag names and meanings where they exist, ``pyggspec run``'s defaults for
-everything the two share (sampling, speculation, memory). ``-c`` is the context of each
-slot (pyggspec's engine holds ``-np`` sequences of ``-c`` tokens each).
+everything the two share (sampling, speculation, memory). ``-c`` is llama-server's: the
+context of all slots together, each of the ``-np`` slots getting ``-c / -np`` tokens; with
+``-kvu`` (and with ``-np`` left at auto, as llama-server does) every slot may use all
+``-c`` tokens. pyggspec's engine gives each slot its own cache, so there the memory is
+``-np`` times ``-c`` tokens (llama.cpp shares one pool).
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from pyggspec.cli.common import (
     CHECKPOINT_MIN_STEP,
@@ -32,10 +37,7 @@ from pyggspec.cli.common import (
 )
 from pyggspec.cli.llama_flags import FlagRefused, LlamaCommand, llama_flags
 from pyggspec.config import EngineConfig
-
-# llama-server's CORS defaults (common.h), used once any --cors-* flag is given
-_CORS_METHODS = "GET, POST, DELETE, OPTIONS"
-_LOCALHOST = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:[0-9]+)?"
+from pyggspec.errors import PyggspecError
 
 
 def _chat_template(name: str | None, path: Path | None) -> str | None:
@@ -105,27 +107,58 @@ def _api_key(key: str | None, key_file: Path | None) -> str | None:
 
 def _add_cors(app, origins: str | None, methods: str | None, headers: str | None,
               credentials: bool | None) -> None:
-    """llama-server's --cors-* flags: CORS headers on every response, its defaults for the
-    flags not given ('localhost': only a localhost Origin is reflected)."""
-    if origins is None and methods is None and headers is None and credentials is None:
-        return
-    from starlette.middleware.cors import CORSMiddleware
+    """llama-server's CORS, on by default as there (any origin, echoed, with credentials);
+    the --cors-* flags change it ('localhost': only a localhost Origin is reflected)."""
+    from pyggspec.serving.http.cors import METHODS, Cors
 
-    split = (lambda v: [x.strip() for x in v.split(",") if x.strip()])
-    origins = origins or "*"
-    kw = ({"allow_origin_regex": _LOCALHOST} if origins == "localhost"
-          else {"allow_origins": split(origins)})
-    app.add_middleware(CORSMiddleware, allow_methods=split(methods or _CORS_METHODS),
-                       allow_headers=split(headers or "*"),
-                       allow_credentials=True if credentials is None else credentials, **kw)
+    app.add_middleware(Cors, origins=origins or "*", methods=methods or METHODS,
+                       headers=headers or "*",
+                       credentials=True if credentials is None else credentials)
+
+
+def _names(value: str | None) -> tuple[str, ...]:
+    """llama-server's comma-separated -a / --tags values: stripped, empty ones dropped,
+    sorted and unique (its std::set)."""
+    return tuple(sorted({v.strip() for v in (value or "").split(",") if v.strip()}))
+
+
+def _training_ctx(model: Path) -> int:
+    """The GGUF's training context (``-c 0``), from its header; 0 when it has none."""
+    from pyggspec.modelfile.gguf import GGUFFile
+
+    f = GGUFFile(model)
+    arch = f.get("general.architecture")
+    return int(f.get(f"{arch}.context_length") or 0)
+
+
+def _slot_ctx(n_ctx: int, n_parallel: int, unified: bool, model: Path | None) -> int:
+    """llama-server's context of one slot: ``-c`` (``0``: the training context) split over
+    the ``-np`` slots, or all of it with a unified KV cache. 0 stays 0 (the engine's
+    training context) where the file cannot be read here."""
+    if n_ctx == 0 and model is not None and not unified:
+        try:
+            n_ctx = _training_ctx(model)
+        except (OSError, PyggspecError):  # the engine reports a bad file in its own words
+            return 0
+    if unified or n_ctx == 0:
+        return n_ctx
+    if n_ctx < n_parallel:
+        raise click.BadParameter(f"{n_ctx} tokens cannot be split over {n_parallel} slots "
+                                 "(-c is the context of all slots together)",
+                                 param_hint="-c/--ctx-size")
+    return n_ctx // n_parallel
 
 
 @click.command(cls=LlamaCommand, context_settings=CONTEXT_SETTINGS)
 @MODEL(help="GGUF model. Without it, --spec-type draft-mtp serves the built-in synthetic demo "
             "model.")
-@click.option("-a", "--alias", "alias", default=None,
-              help="Model name in /v1/models and responses (default: the file name).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("-a", "--alias", "alias", default=None, metavar="NAME[,NAME...]",
+              help="Model name(s) in /v1/models (comma-separated; the first in sorted order "
+                   "names the model in responses; default: the file name).")
+@click.option("--tags", "tags", default=None, metavar="TAG[,TAG...]",
+              help="Model tags listed in /v1/models (informational).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address(es) to listen on, comma-separated.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True,
               help="Port to listen on (0: any free port).")
 @click.option("--api-key", "api_key", default=None, envvar="PYGGSPEC_API_KEY",
@@ -134,18 +167,24 @@ def _add_cors(app, origins: str | None, methods: str | None, headers: str | None
               type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="Read the API key from this file (llama.cpp's format; one key).")
 @click.option("--cors-origins", "cors_origins", default=None, metavar="ORIGINS",
-              help="Send CORS headers, allowing these comma-separated origins ('*': any; "
-                   "'localhost': a localhost Origin only). Default: no CORS headers.")
+              help="CORS allowed origins, comma-separated ('localhost': a localhost Origin "
+                   "only). Default: any, the request's Origin echoed (llama-server's).")
 @click.option("--cors-methods", "cors_methods", default=None, metavar="METHODS",
-              help=f"CORS allowed methods (with any --cors-* flag; default: {_CORS_METHODS}).")
+              help="CORS allowed methods (default: GET, POST, DELETE, OPTIONS).")
 @click.option("--cors-headers", "cors_headers", default=None, metavar="HEADERS",
-              help="CORS allowed headers (with any --cors-* flag; default: *).")
+              help="CORS allowed headers (default: *).")
 @click.option("--cors-credentials/--no-cors-credentials", "cors_credentials", default=None,
-              help="CORS: allow credentials (with any --cors-* flag; default: allowed).")
+              help="CORS: allow credentials (default: allowed).")
 @N_PARALLEL(default=4, help="Sequence slots generating at once (-1: auto, 4 as llama-server).")
 @click.option("--max-queue", "max_queue", type=click.IntRange(min=0), default=64,
               show_default=True, help="Requests waiting for a slot before HTTP 503.")
-@N_CTX(help="Context (prompt + output) of each slot (0: the model's training context).")
+@N_CTX(help="Context (prompt + output) of all slots together, as llama-server: each slot "
+            "gets -c/-np tokens, all -c with -kvu or -np auto (0: the model's training "
+            "context).")
+@click.option("-kvu/-no-kvu", "--kv-unified/--no-kv-unified", "kv_unified", default=None,
+              help="Every slot may use all -c tokens (llama-server's unified KV cache; "
+                   "pyggspec gives each slot its own -c tokens of memory). Default: on when "
+                   "-np is auto, as llama-server.")
 @click.option("-n", "--predict", "--n-predict", "n_predict", type=click.IntRange(min=-2),
               default=-1, show_default=True, help="Default output limit per request (-1 or "
               "-2: until end of generation or the context is full).")
@@ -165,6 +204,8 @@ def _add_cors(app, origins: str | None, methods: str | None, headers: str | None
 @click.option("--chat-template", "chat_template", default=None, metavar="JINJA|chatml",
               help="Use this Jinja template text (or the built-in 'chatml') instead of the "
                    "file's.")
+@click.option("--slots/--no-slots", "endpoint_slots", default=True, show_default=True,
+              help="Serve GET /slots (--no-slots: 501, as llama-server).")
 @click.option("--slot-save-path", "slot_save_path", default=None, metavar="DIR",
               type=click.Path(path_type=Path, exists=True, file_okay=False),
               help="Directory for POST /slots/{id}?action=save|restore (a slot's tokens, "
@@ -209,7 +250,9 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
           spm_infill: bool = False, reasoning_format: str = "auto",
           reasoning: str = "auto", reasoning_effort: str = "default",
           reasoning_budget: int = -1, reasoning_budget_message: str = "",
-          chat_template_kwargs: str | None = None, skip_chat_parsing: bool = False) -> None:
+          chat_template_kwargs: str | None = None, skip_chat_parsing: bool = False,
+          tags: str | None = None, kv_unified: bool | None = None,
+          endpoint_slots: bool = True) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
 
@@ -236,11 +279,21 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
         click.echo("pyggspec serve: serving the built-in SYNTHETIC demo model (random "
                    "weights, constructed MTP agreement ~95%): its text is meaningless, the "
                    "speed-up is real.", err=True)
+    ctx = click.get_current_context()
+    if kv_unified is None:  # llama-server: unified when -np is auto (given as -1 or not given)
+        kv_unified = (ctx.meta.get("pyggspec.n_parallel_auto", False)
+                      or ctx.get_parameter_source("n_parallel") == ParameterSource.DEFAULT)
+    config = replace(config, n_ctx=_slot_ctx(config.n_ctx, config.n_parallel, kv_unified,
+                                             None if synthetic else model))
+    aliases = _names(alias)
     add_rpc_servers(rpc)
     engine = engine_from_config(model, config)
     with engine:
-        name = alias or (f"{model.name} (synthetic demo)" if synthetic else model.name)
+        name = (aliases[0] if aliases else
+                f"{model.name} (synthetic demo)" if synthetic else model.name)
         server_config = ServerConfig(model_id=name, model_path=str(model), api_key=api_key,
+                                     aliases=aliases, tags=_names(tags),
+                                     endpoint_slots=endpoint_slots,
                                      sampling=config.sampling,
                                      n_predict=None if n_predict < 0 else n_predict,
                                      synthetic=synthetic, jinja=jinja, chat_template=template,

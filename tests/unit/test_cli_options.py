@@ -81,7 +81,8 @@ def test_shared_options_are_the_definitions(command):
 
 def test_run_and_serve_build_the_same_config(monkeypatch, tmp_path):
     """The same shared flags give the same EngineConfig from both commands (through
-    ``config_from_options``); only serve's -np default differs."""
+    ``config_from_options``); only serve's -np default differs, and its -c, which is
+    split over the slots as llama-server's unless -kvu (given here) keeps it whole."""
     import pyggspec.cli.run as run_mod
     import pyggspec.cli.serve as serve_mod
 
@@ -107,7 +108,7 @@ def test_run_and_serve_build_the_same_config(monkeypatch, tmp_path):
              "--checkpoint-min-step", "64", "--temp", "0.5", "--top-k", "7", "-l", "3+1",
              "--seed", "11", "--samplers", "top_k;temp", "-bs",
              "--no-spec-draft-backend-sampling"]
-    for name, extra in (("run", ["--prompt-tokens", "1,2"]), ("serve", [])):
+    for name, extra in (("run", ["--prompt-tokens", "1,2"]), ("serve", ["-kvu"])):
         r = CliRunner().invoke(main, [name, *flags, *extra, "-np", "3"])
         assert r.exit_code == 1 and "internal error: Built" in r.output, r.output
     assert seen["run"] == seen["serve"]
@@ -123,7 +124,7 @@ def test_run_and_serve_build_the_same_config(monkeypatch, tmp_path):
                                 samplers=("top_k", "temperature")),
         backend_sampling=True, draft_backend_sampling=False)
     # defaults: the same config but for the number of sequences
-    for name, extra in (("run", ["--prompt-tokens", "1,2"]), ("serve", [])):
+    for name, extra in (("run", ["--prompt-tokens", "1,2"]), ("serve", ["-kvu"])):
         CliRunner().invoke(main, [name, "-m", "x.gguf", *extra])
     assert seen["run"] == seen["serve"].replace(n_parallel=1)
     assert seen["serve"].n_parallel == 4 and seen["run"].sampling == SamplingParams()

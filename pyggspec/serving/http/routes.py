@@ -51,7 +51,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         if cfg.synthetic:
             meta["note"] = ("built-in SYNTHETIC demo model: random weights, constructed MTP "
                             "agreement; its text is meaningless")
-        card = oa.model_card(cfg.model_id, state.created, meta)
+        card = oa.model_card(cfg.model_id, state.created, meta, cfg.aliases, cfg.tags)
         return JSONResponse({"models": [oa.ollama_model_entry(cfg.model_id)],
                              "object": "list", "data": [card]})
 
@@ -69,7 +69,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             "total_slots": state.n_parallel, "model_alias": cfg.model_id,
             "model_ftype": state.model_info.ftype, "model_path": cfg.model_path,
             "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True,
+            "endpoint_slots": cfg.endpoint_slots, "endpoint_props": False, "endpoint_metrics": True,
             "ui": False, "chat_template": state.template.source,
             "chat_template_caps": caps, "bos_token": state.template.bos_token,
             "eos_token": state.template.eos_token, "build_info": f"pyggspec {__version__}",
@@ -78,6 +78,9 @@ def install(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/slots")
     async def slots(request: Request) -> JSONResponse:
+        if not cfg.endpoint_slots:  # llama-server's ERROR_TYPE_NOT_SUPPORTED
+            raise ApiError(501, "This server does not support slots endpoint. Start it with "
+                           "`--slots`")
         info = await asyncio.to_thread(sched.slots)
         for s in info:  # llama-server's flag next to the scheduler's state name
             s.setdefault("is_processing", s.get("state") != "idle")
