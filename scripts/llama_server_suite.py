@@ -134,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ,
            "LLAMA_SERVER_BIN_PATH": str(HERE / "launcher"),
            "PORT": os.environ.get("PORT", str(free_port())),
+           # one ggml thread per server (llama.cpp's LLAMA_ARG_THREADS, read by serve's -t
+           # too): pytest and the server share 2 cores in CI, and a spinning 2-thread pool
+           # on a busy machine is many times slower than one thread for these tiny models
+           "LLAMA_ARG_THREADS": os.environ.get("LLAMA_ARG_THREADS", "1"),
            "PYGGSPEC_SUITE_REPORT": report_path,
            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT),
                                           os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

@@ -489,3 +489,11 @@ def test_serve_listens_on_every_host():
     finally:
         for s in socks:
             s.close()
+
+
+def test_threads_from_llama_arg_threads(built, monkeypatch):
+    """llama.cpp's LLAMA_ARG_THREADS sets -t; the flag wins over it."""
+    monkeypatch.setenv("LLAMA_ARG_THREADS", "3")
+    for command in COMMANDS:
+        assert built(command)[1].n_threads == 3
+        assert built(command, "-t", "2")[1].n_threads == 2

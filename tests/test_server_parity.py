@@ -335,3 +335,12 @@ def test_no_slots_is_501_and_models_lists_aliases_and_tags(engine, model_path):
         card = c.get("/v1/models").json()["data"][0]
         assert (card["id"], card["aliases"], card["tags"]) == ("code", ["code", "fim"],
                                                                ["chat"])
+
+
+def test_system_fingerprint_has_llama_servers_form(http):
+    """llama-server's system_fingerprint is 'b<build>-<commit>'; its tests and clients read
+    the 'b' prefix (whole and streamed answers)."""
+    r = http.post("/v1/chat/completions", json=CHAT).json()
+    assert r["system_fingerprint"].startswith("b")
+    chunks = _stream(http, "/v1/completions", {"prompt": "x", "max_tokens": 2})
+    assert all(c["system_fingerprint"].startswith("b") for c in chunks if isinstance(c, dict))

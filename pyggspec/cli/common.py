@@ -76,7 +76,8 @@ N_UBATCH = Opt("-ub", "--ubatch-size", "n_ubatch", type=click.IntRange(min=1), d
                show_default=True, help="Physical batch: each chunk runs in graphs of at most "
                "this many tokens (capped at -b, as in llama.cpp).")
 N_THREADS = Opt("-t", "--threads", "n_threads", type=click.IntRange(min=1), default=None,
-                help="CPU threads (default: cores, at most 8).")
+                envvar="LLAMA_ARG_THREADS",  # llama.cpp's variable for -t (arg.cpp)
+                help="CPU threads (default: $LLAMA_ARG_THREADS, else cores, at most 8).")
 NGL = Opt("-ngl", "--gpu-layers", "--n-gpu-layers", "ngl", metavar="N|all|auto", default=None,
           help="Layers on the offload device (default: all, when one exists).")
 DEVICE = Opt("-dev", "--device", "device", metavar="NAME", default=None,

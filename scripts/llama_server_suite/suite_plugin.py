@@ -33,7 +33,7 @@ except ImportError:  # Python 3.10
 
 HERE = Path(__file__).resolve().parent
 LIST = Path(os.environ.get("PYGGSPEC_SUITE_LIST", HERE / "model_specific.toml"))
-KINDS = ("model-specific", "not-supported", "pending")
+KINDS = ("model-specific", "not-supported", "missing", "pending")
 
 
 def _no_download(url: str, out: str | None = None) -> str:

@@ -19,6 +19,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.http.protocol import GenParams
     from pyggspec.serving.sequence import TokenLogprob
 
+# OpenAI's system_fingerprint names the backend build; llama-server's is "b<build>-<commit>"
+# and its clients (and llama.cpp's own tests) read the "b" prefix: ours keeps that form
+SYSTEM_FINGERPRINT = "b0-pyggspec"
+
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length",
           "cancelled": "stop"}
 STOP_TYPE = {"eos": "eos", "stop": "word", "length": "limit", "context": "limit",
@@ -101,7 +105,7 @@ def chat_response(rid: str, created: int, model: str, result: Any,
            else {"role": "assistant", "content": result.text})
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "system_fingerprint": "pyggspec",
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [{"index": 0, "finish_reason": chat_finish_reason(result, "tool_calls" in msg),
                      "logprobs": None if logprobs is None else {"content": logprobs},
                      "message": msg}],
@@ -112,7 +116,7 @@ def chat_response(rid: str, created: int, model: str, result: Any,
 def chat_chunk(rid: str, created: int, model: str, delta: dict[str, Any],
                finish_reason: str | None = None) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "system_fingerprint": "pyggspec",
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason,
                          "logprobs": None}]}
 
@@ -127,7 +131,7 @@ def chat_final_chunk(rid: str, created: int, model: str, result: Any,
 def usage_chunk(rid: str, created: int, model: str, result: Any, obj: str) -> dict[str, Any]:
     """``stream_options.include_usage``: one last chunk with no choices and the usage."""
     return {"id": rid, "object": obj, "created": created, "model": model,
-            "system_fingerprint": "pyggspec", "choices": [], "usage": usage(result),
+            "system_fingerprint": SYSTEM_FINGERPRINT, "choices": [], "usage": usage(result),
             "timings": timings(result)}
 
 
@@ -139,7 +143,7 @@ def completion_response(rid: str, created: int, model: str, result: Any,
     ``tokens``/``token_logprobs`` lists), as its ``/v1/completions`` answers."""
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model,
-        "system_fingerprint": "pyggspec",
+        "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [{"index": 0, "text": prefix + result.text,
                      "logprobs": None if logprobs is None else {"content": logprobs},
                      "finish_reason": FINISH[result.stop_reason]}],
@@ -150,7 +154,7 @@ def completion_response(rid: str, created: int, model: str, result: Any,
 def completion_chunk(rid: str, created: int, model: str, text: str,
                      finish_reason: str | None = None) -> dict[str, Any]:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "system_fingerprint": "pyggspec",
+            "system_fingerprint": SYSTEM_FINGERPRINT,
             "choices": [{"index": 0, "text": text, "logprobs": None,
                          "finish_reason": finish_reason}]}
 
