@@ -87,6 +87,25 @@ def test_confident_drafts_are_verified_hesitant_ones_are_not():
     assert run_step(b, [0.99, 0.5, 0.99]) >= 1
 
 
+def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
+    """Verify cost shaped as on the benchmark CPU (one row 32 ms, two 72: the first extra
+    row is the dear one, later ones cost 2 ms each; an MTP run 8): one draft costs 48 ms
+    for at most a token and loses to plain decoding's 32 ms per token, three together pay
+    (100 ms for ~3.9 tokens). Judged one draft at a time the budget kept none; chosen as
+    a whole length it keeps three, none when the head is unsure, and once the dear row is
+    paid for, a cheap further row even for an unsure draft."""
+    c = CostModel()
+    for T, ms in ((1, 32.0), (2, 72.0), (3, 74.0), (4, 76.0)):
+        c.observe("verify", 1, T, ms)
+    c.observe("mtp", 1, 1, 8.0)
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99)], reps=200)
+    m = learnt(m, "greedy", [(0.3, 0.3)], reps=20)
+    b = budget(c, model=m)
+    assert run_step(b, [0.99, 0.99, 0.99]) == 3
+    assert run_step(b, [0.3, 0.3, 0.3]) == 0
+    assert run_step(b, [0.99, 0.3, 0.3]) == 2
+
+
 def test_no_drafting_where_it_cannot_pay():
     """Dear verify rows and a poor head: plan() drafts nothing (and now and then, when
     exploring, one step does); a good head on the same costs drafts."""

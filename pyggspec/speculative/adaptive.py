@@ -136,6 +136,7 @@ class DraftBudget:
         self._regime: dict[int, str] = {}
         self._surv: dict[int, float] = {}
         self._pred: dict[int, list[float]] = {}
+        self._limit = n_max  # the most drafts per sequence this step (the plan's)
         self._explore = False
 
     # -- costs -------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class DraftBudget:
         self._regime = dict(zip(slots, regimes))
         self._surv = dict.fromkeys(slots, 1.0)
         self._pred = {s: [] for s in slots}
-        limit = min(self.n_max, max(caps, default=0))
+        limit = self._limit = min(self.n_max, max(caps, default=0))
         if B == 0 or limit <= 0:
             return 0
         self._explore = False
@@ -237,43 +238,64 @@ class DraftBudget:
         """The drafter's gate after an MTP run: draft ``j`` (0-based) of each of ``slots``
         with the head's confidence in it. Per slot (keep it, draft one more).
 
-        Draft ``j`` goes into the verify batch when the tokens it is expected to add
-        (over the batch: each sequence's chance that it and every draft before it are
-        accepted) beat the rate for the verify row it costs; one more is drafted when the
-        next draft's expected tokens beat the rate for its MTP run and verify row (its
-        acceptance predicted from this confidence at the next position)."""
+        The choice is the whole length, not the next draft alone: for every total ``L``
+        from ``j`` (drop draft ``j``) to the cap, the batch's expected tokens from drafts
+        ``j..L-1`` (each sequence's chance that a draft and every one before it survive;
+        drafts past ``j`` predicted from this confidence at their positions) less the rate
+        times what ``L`` costs (its verify step, and the MTP runs still to make). Draft
+        ``j`` is kept when the best ``L`` includes it, and one more is drafted when the best
+        ``L`` goes further. Verify cost is not convex in rows (on a 2-core AVX-512 CPU one
+        row 32 ms, two 72 ms, four 85 ms): judged one draft at a time, the first row's
+        jump hid that three drafts pay where one does not."""
         B = self._B or len(slots)
         acc = self.acceptance
+        regimes = [self._regime.get(s, "greedy") for s in slots]
         surv = []
-        for s, c in zip(slots, confs):
-            a = acc.predict(self._regime.get(s, "greedy"), j, c)
+        for s, r, c in zip(slots, regimes, confs):
+            a = acc.predict(r, j, c)
             self._pred.setdefault(s, []).append(a)
             surv.append(self._surv.get(s, 1.0) * a)
         if self.forced:
             for s, p in zip(slots, surv):
                 self._surv[s] = p
             return [(True, True)] * len(slots)
-        R = self.rate(B)
-        v0, v1 = self._verify_step(B, j + 1), self._verify_step(B, j + 2)
-        keep = v0 is None or v1 is None or sum(surv) > R * max(v1 - v0, 0.0)
-        if not keep and not self._explore:
+        best = self._best_length(B, j, surv, regimes, confs)
+        keep, more = (True, True) if best is None else (best > j, best > j + 1)
+        if self._explore and (not keep or not more):  # past where the budget stops: once
+            self._explore = False
+            keep = more = True
+        if not keep:
             for s in slots:
                 self._pred[s].pop()
             return [(False, False)] * len(slots)
         for s, p in zip(slots, surv):
             self._surv[s] = p
-        nxt = [p * acc.predict(self._regime.get(s, "greedy"), j + 1, c)
-               for s, p, c in zip(slots, surv, confs)]
-        v2 = self._verify_step(B, j + 3)
+        return [(True, more)] * len(slots)
+
+    def _best_length(self, B: int, j: int, surv: Sequence[float], regimes: Sequence[str],
+                     confs: Sequence[float]) -> int | None:
+        """The total drafts (``j`` .. the cap) with the most expected tokens less their
+        cost at the batch's rate; None when a cost is not known yet (then draft: it gets
+        measured)."""
         mtp = self.costs.estimate("mtp", B, 1)
-        more = (v1 is None or v2 is None or mtp is None
-                or sum(nxt) > R * (mtp + max(v2 - v1, 0.0)))
-        if not keep or not more:  # exploring past where the budget would stop: once
-            if self._explore:
-                self._explore = False
-                return [(True, True)] * len(slots)
-            return [(True, False)] * len(slots)
-        return [(True, True)] * len(slots)
+        base = self._verify_step(B, j + 1)
+        if mtp is None or base is None:
+            return None
+        R = self.rate(B)
+        acc = self.acceptance
+        best, best_net, gain = j, -R * base, 0.0
+        cur = list(surv)
+        for L in range(j + 1, max(self._limit, j + 1) + 1):
+            if L > j + 1:  # one more position, predicted from this draft's confidence
+                cur = [p * acc.predict(r, L - 1, c) for p, r, c in zip(cur, regimes, confs)]
+            gain += sum(cur)
+            v = self._verify_step(B, L + 1)
+            if v is None:
+                return None
+            net = gain - R * (v + (L - j - 1) * mtp)
+            if net > best_net:
+                best, best_net = L, net
+        return best
 
     def record(self, slot: int, confs: Sequence[float], n: int) -> None:
         """``slot``'s drafts (their confidences) were verified; the first ``n`` accepted.
