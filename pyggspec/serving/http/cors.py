@@ -8,7 +8,9 @@ browser accepts only for a single origin; reflecting the matching one is what it
 Every ``OPTIONS`` request is a preflight: answered 200 with an empty body and the allowed
 credentials, methods and headers, before the API key is checked (browsers send no
 ``Authorization`` on a preflight). A pure ASGI middleware, outermost, so that error answers
-(401s included) carry the headers too.
+(401s included) carry the headers too. Header names are sent in llama-server's casing
+(HTTP does not care; clients that read a plain dict of headers, as llama.cpp's tests do,
+do).
 """
 
 from __future__ import annotations
@@ -49,13 +51,13 @@ class Cors:
             if k == b"origin":
                 origin = v.decode("latin-1")
         allow = self.allow_origin(origin)
-        extra = [] if allow is None else [(b"access-control-allow-origin",
+        extra = [] if allow is None else [(b"Access-Control-Allow-Origin",
                                            allow.encode("latin-1"))]
         if scope["method"] == "OPTIONS":
-            extra += [(b"access-control-allow-credentials",
+            extra += [(b"Access-Control-Allow-Credentials",
                        b"true" if self.credentials else b"false"),
-                      (b"access-control-allow-methods", self.methods.encode("latin-1")),
-                      (b"access-control-allow-headers", self.headers.encode("latin-1")),
+                      (b"Access-Control-Allow-Methods", self.methods.encode("latin-1")),
+                      (b"Access-Control-Allow-Headers", self.headers.encode("latin-1")),
                       (b"content-type", b"text/html"), (b"content-length", b"0")]
             await send({"type": "http.response.start", "status": 200, "headers": extra})
             await send({"type": "http.response.body", "body": b""})
