@@ -77,6 +77,8 @@ def argmax_lowest(c: Cand) -> int:
     """Greedy choice with the tie rule: lowest id among the maxima; 0 if nothing is finite."""
     if len(c.logits) == 0:
         return 0
+    if c.ids is None:  # ids are positions: numpy's argmax takes the first maximum (0 if
+        return int(c.logits.argmax())  # all are -inf), the lowest id, without an id array
     m = c.logits.max()
     if m == -np.inf:
         return 0
@@ -151,12 +153,11 @@ class GrammarMask(Stage):
     device = True
 
     def host(self, c: Cand, row: RowCtx) -> Cand:
-        g = row.grammar
-        allowed = g.allowed(row.prefix) if g is not None else None
-        if allowed is None:
+        # + the bias row, as the graph adds it (a select on a 248k row is ~7x slower)
+        if row.grammar is None:
             return c
-        keep = allowed if c.ids is None else allowed[c.ids]
-        return Cand(c.ids, np.where(keep, c.logits, np.float32(-np.inf)).astype(np.float32))
+        bias = row.grammar.bias(row.prefix)
+        return Cand(c.ids, c.logits + (bias if c.ids is None else bias[c.ids]))
 
 
 @dataclass(frozen=True)
