@@ -14,12 +14,14 @@ from pyggspec.speculative.calibration import EDGES, AcceptanceModel, conf_bin
 
 
 def costs(step: float, per_row: float, mtp: float, B: int = 1, T_max: int = 6) -> CostModel:
-    """verify(B, T) = step + per_row * (B*T - 1); one MTP run = mtp."""
+    """verify(B, T) = step + per_row * (B*T - 1); one MTP run = mtp; a plain step of each
+    batch size measured (as the verify step of one row)."""
     c = CostModel()
     for b in range(1, B + 1):
         for t in range(1, T_max + 1):
             c.observe("verify", b, t, step + per_row * (b * t - 1))
         c.observe("mtp", b, 1, mtp)
+        c.observe("step", b, 1, step + per_row * (b - 1))
     return c
 
 
@@ -98,12 +100,32 @@ def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
     for T, ms in ((1, 32.0), (2, 72.0), (3, 74.0), (4, 76.0)):
         c.observe("verify", 1, T, ms)
     c.observe("mtp", 1, 1, 8.0)
+    c.observe("step", 1, 1, 32.0)
     m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99)], reps=200)
     m = learnt(m, "greedy", [(0.3, 0.3)], reps=20)
     b = budget(c, model=m)
     assert run_step(b, [0.99, 0.99, 0.99]) == 3
     assert run_step(b, [0.3, 0.3, 0.3]) == 0
     assert run_step(b, [0.99, 0.3, 0.3]) == 2
+
+
+def test_plain_decoding_is_measured_at_each_batch_size_before_drafting():
+    """The first step at a batch size drafts nothing, so plain decoding's cost there is
+    measured: estimated from one sequence's verify rows it was 13% too dear at -np 4, and
+    drafting that lost 10% looked as if it paid."""
+    c = CostModel()
+    for T, ms in ((1, 35.0), (2, 72.0), (4, 131.0)):
+        c.observe("verify", 1, T, ms)
+    c.observe("verify", 4, 4, 200.0)
+    c.observe("mtp", 1, 1, 11.0)
+    c.observe("mtp", 4, 1, 34.0)
+    b = budget(c, model=learnt(AcceptanceModel(), "greedy", [(0.99, 0.99)]))
+    slots, caps = [0, 1, 2, 3], [3] * 4
+    assert b.plan(slots, caps, ["greedy"] * 4) == 0 and b.plain_probes == 1
+    b.observe_step(4, 1, 116.0, 4)
+    assert b.plan(slots, caps, ["greedy"] * 4) == 3 and b.plain_probes == 1
+    assert b.to_dict()["plain_probe_steps"] == 1
+    assert b.plan([0], [3], ["greedy"]) == 0 and b.plain_probes == 2  # B = 1: not yet
 
 
 def test_no_drafting_where_it_cannot_pay():

@@ -21,9 +21,11 @@ def padded_rows(T: int, B: int) -> int:
 
     ggml's CPU matrix kernels take activation columns in pairs: an odd count of three or
     more costs more than one more column (0.8B q8_0, 2 threads: 3 tokens 128 ms, 4 tokens
-    117 ms; 5: 174 ms, 6: 155 ms). Padding rows are evaluated and ignored.
+    117 ms; 5: 174 ms, 6: 155 ms). Padding rows are evaluated and ignored. One row per
+    sequence (a speculative step that drafts nothing) is never padded: the pad would be a
+    second row for every sequence (three sequences: six rows for three), the dearest step.
     """
-    if T * B >= 3 and (T * B) % 2 == 1:
+    if T > 1 and T * B >= 3 and (T * B) % 2 == 1:
         return T + 1
     return T
 

@@ -10,7 +10,9 @@ is a fixed length (``--spec-draft-n-max`` is only the cap):
   nothing, the step drafts nothing and the MTP head rests (its owed pairs are written
   later in one batch); after ``idle_explore_every`` declined steps one drafts anyway, so
   a change in the content is noticed -- the wait doubling (to ``IDLE_EXPLORE_MAX``) each
-  time it finds drafting still loses, as each such step costs what drafting loses;
+  time it finds drafting still loses, as each such step costs what drafting loses; the
+  first step at each batch size drafts nothing, so what it is compared with -- plain
+  decoding at this batch size -- is measured, not estimated;
 * **which drafts to verify** (:meth:`DraftBudget.decide`, the drafter's gate after every
   MTP run): each draft's acceptance is predicted from the head's confidence in it and its
   position by :class:`~pyggspec.speculative.calibration.AcceptanceModel` (calibrated
@@ -127,6 +129,7 @@ class DraftBudget:
         self.forced = False  # draft to the cap, keep everything (startup calibration)
         self.chosen: list[int] = [0] * (n_max + 1)  # verify steps by drafts kept (the batch's)
         self.declined = 0  # steps that drafted nothing because drafting could not pay
+        self.plain_probes = 0  # steps that drafted nothing to measure plain decoding
         self._rate: dict[int, float] = {}  # realized tokens/ms per batch size (EMA)
         self._n_drafting = 0
         self._n_idle = 0
@@ -201,6 +204,12 @@ class DraftBudget:
         self._explore = False
         if self.forced:
             return limit
+        if ("step", B, 1) not in self.costs.ms and self.costs.ms and not self.costs.frozen:
+            # what plain decoding costs at this batch size is measured, not estimated: the
+            # estimate from one sequence's verify rows (-np 4: 131 ms against 116 for a
+            # real 4-sequence step) made drafting that lost 10% look as if it paid
+            self.plain_probes += 1
+            return 0
         if not self._pays(B, limit, caps, regimes):
             self._n_idle += 1
             if not self.idle_explore_every or self._n_idle < self._idle_next:
@@ -335,13 +344,14 @@ class DraftBudget:
         """Forget the lengths chosen and the rates seen (after the start-up calibration,
         whose steps drafted to the cap); costs and the acceptance model stay."""
         self.chosen = [0] * (self.n_max + 1)
-        self.declined = 0
+        self.declined = self.plain_probes = 0
         self._rate.clear()
         self._n_drafting = self._n_idle = 0
         self._idle_next = self.idle_explore_every
 
     def to_dict(self) -> dict:
         return {"chosen_lengths": list(self.chosen), "declined_steps": self.declined,
+                "plain_probe_steps": self.plain_probes,
                 "costs_ms": self.costs.to_dict(),
                 "rate_tokens_per_ms": {str(b): round(r, 5) for b, r in sorted(self._rate.items())},
                 "calibration": self.acceptance.report()}

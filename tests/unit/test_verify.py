@@ -51,7 +51,12 @@ def test_accept_stops_at_a_stop_token_and_reads_no_further():
 
 def test_padded_rows_pads_odd_counts_of_three_or_more():
     assert [padded_rows(t, 1) for t in range(1, 7)] == [1, 2, 4, 4, 6, 6]
-    assert padded_rows(3, 2) == 3 and padded_rows(1, 3) == 2 and padded_rows(2, 3) == 2
+    assert padded_rows(3, 2) == 3 and padded_rows(2, 3) == 2 and padded_rows(3, 3) == 4
+
+
+def test_one_row_per_sequence_is_never_padded():
+    """A step that drafts nothing: padding would give every sequence a second row."""
+    assert [padded_rows(1, b) for b in range(1, 8)] == [1] * 7
 
 
 def test_chunk_group_equal_lengths_within_ubatch_and_logical_batch():
