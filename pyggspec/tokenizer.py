@@ -260,18 +260,17 @@ class Tokenizer:
 
     def token_table(self) -> list[tuple[bytes, bool]]:
         """Every token's bytes (control tokens rendered) and whether it is a control token
-        (or a user-defined one written like ``<...>``), as llguidance reads a llama.cpp
-        vocabulary. One pass over the vocabulary: callers keep the answer."""
+        (``<|im_end|>``, ...). User-defined tokens such as Qwen's ``<think>`` or
+        ``<tool_call>`` are text here, as llama.cpp's grammars match them (llguidance's own
+        llama.cpp reader makes them special, so a grammar's "</think>" could not match the
+        token the model writes). One pass over the vocabulary: callers keep the answer."""
         self._check_open()
         ll, v = self._ll, self._vocab
         control = ll.LLAMA_TOKEN_ATTR_CONTROL
-        user = ll.LLAMA_TOKEN_ATTR_USER_DEFINED
         out = []
         for t in range(self.n_vocab):
             piece = self.token_to_piece(t, special=True)
-            attr = ll.llama_vocab_get_attr(v, t)
-            out.append((piece, bool(attr & control) or bool(
-                attr & user and piece.startswith(b"<") and piece.endswith(b">"))))
+            out.append((piece, bool(ll.llama_vocab_get_attr(v, t) & control)))
         self._pieces.clear()  # the table is kept by the caller; do not hold it twice
         return out
 

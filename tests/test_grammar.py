@@ -272,3 +272,38 @@ def test_http_bad_grammar_is_a_400_naming_the_field(http, path, extra, param):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
+
+
+def test_json_after_thinking(model_path):
+    """A chat answer whose prompt opened a thinking block: any text up to ``</think>``,
+    then the JSON (as llama-server's chat parser allows reasoning first)."""
+    with open_engine(model_path) as e:
+        tok = e.tokenizer
+        g = compile_grammar(GrammarSpec("json_schema", json.dumps(SCHEMA), "response_format",
+                                        after="</think>"), grammar_vocab(tok, e.n_vocab))
+        m = g.matcher()
+        answer = 'Let me think {"no": 1}.\n</think>\n\n{"name": "x", "age": 3, "ok": true}'
+        ids = tok.tokenize(answer, add_special=False)
+        assert m.valid_prefix(ids) == len(ids)
+        for t in ids:
+            m.accept(t)
+        assert m.stopped
+        m2 = g.matcher()
+        bad = tok.tokenize('</think>{"name": 5', add_special=False)
+        assert m2.valid_prefix(bad) < len(bad)
+
+
+def test_http_chat_schema_with_thinking_template(model_path):
+    from tests.test_server_chat_parse import QWENISH
+
+    with Engine(model_path, n_ctx=512, n_parallel=1, n_threads=2, sampling=GREEDY) as e:
+        app = create_app(e, ServerConfig(model_id="g", model_path=str(model_path),
+                                         sampling=GREEDY, chat_template=QWENISH))
+        with TestClient(app, raise_server_exceptions=False) as c:
+            r = c.post("/v1/chat/completions", json={
+                **CHAT, "max_tokens": 24,
+                "response_format": {"type": "json_schema", "json_schema": {"schema": SCHEMA}}})
+    assert r.status_code == 200, r.text
+    gs = r.json()
+    assert gs["choices"][0]["message"]["content"] is not None or \
+        gs["choices"][0]["message"].get("reasoning_content")

@@ -61,6 +61,10 @@ class GrammarSpec:
     kind: str
     text: str
     field: str = "grammar"
+    # free text up to and including this string before the grammar (a chat answer whose
+    # prompt left a thinking block open: "</think>", then the JSON), as llama-server's chat
+    # parser lets a reasoning model think before its response_format
+    after: str = ""
 
     @classmethod
     def gbnf(cls, text: str, field: str = "grammar") -> GrammarSpec:
@@ -170,9 +174,13 @@ def compile_grammar(spec: GrammarSpec, vocab: GrammarVocab) -> Grammar:
             schema = json.loads(spec.text)
             if not isinstance(schema, (dict, bool)):
                 raise GrammarError(spec.field, "a JSON schema must be an object")
-            source = llguidance.LLMatcher.grammar_from_json_schema(
-                {} if schema is True else schema,
-                defaults={"whitespace_pattern": JSON_WHITESPACE})
+            schema = {} if schema is True else schema
+            if spec.after:
+                source = llguidance.LLMatcher.grammar_from_lark(_after_lark(spec.after,
+                                                                            schema))
+            else:
+                source = llguidance.LLMatcher.grammar_from_json_schema(
+                    schema, defaults={"whitespace_pattern": JSON_WHITESPACE})
         else:
             source = llguidance.grammar_from(spec.kind, spec.text)
     except GrammarError:
@@ -183,6 +191,16 @@ def compile_grammar(spec: GrammarSpec, vocab: GrammarVocab) -> Grammar:
     if err:
         raise GrammarError(spec.field, _one_line(f"invalid {_what(spec)}: {err}"))
     return Grammar(spec, vocab, source)
+
+
+def _after_lark(after: str, schema: dict) -> str:
+    """Lark for: any text up to and including ``after``, whitespace, then ``schema``."""
+    if "x-guidance" not in schema:
+        schema = {**schema, "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
+    return ("%llguidance {}\n"
+            "start: prelude /[ \\t\\n]*/ body\n"
+            f"prelude[suffix={json.dumps(after)}]: /(?s:.*)/\n"
+            f"body: %json {json.dumps(schema)}\n")
 
 
 def _what(spec: GrammarSpec) -> str:

@@ -245,6 +245,9 @@ class ChatRun:
         gen = dataclasses.replace(
             self.gen, sampling=dataclasses.replace(
                 self.gen.sampling, seed=_next_seed(self.gen.sampling.seed, len(done))))
+        if gen.grammar is not None and gen.grammar.after:
+            # the thinking block is closed now: the rest is the grammar's body alone
+            gen.grammar = dataclasses.replace(gen.grammar, after="")
         if gen.max_tokens is not None:
             gen.max_tokens -= len(done)
         if (gen.max_tokens is not None and gen.max_tokens <= 0) or len(ids) >= self.state.n_ctx:

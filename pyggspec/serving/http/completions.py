@@ -10,6 +10,7 @@ then waits for the whole result or streams it as SSE (:mod:`.streaming`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from pyggspec.serving.http import openai_api as oa
-from pyggspec.serving.http.chat_parse import ChatStream, parse_final
+from pyggspec.serving.http.chat_parse import THINK_CLOSE, ChatStream, parse_final
 from pyggspec.serving.http.chat_request import ChatPrompt, parse_chat_request, render_chat
 from pyggspec.serving.http.chat_run import ChatRun, plan_for
 from pyggspec.serving.http.protocol import (
@@ -109,6 +110,10 @@ def install(app: FastAPI, state: ServerState) -> None:
 
         prompt, ids = await asyncio.to_thread(prepare)
         state.check_context(ids, gen)
+        if gen.grammar is not None and gen.grammar.kind == "json_schema" and prompt.thinking_open:
+            # the prompt opened a thinking block: the model may think first, then the JSON
+            # (llama-server's chat parser allows the reasoning before a response format)
+            gen.grammar = dataclasses.replace(gen.grammar, after=THINK_CLOSE)
         rid, created = oa.new_id("chatcmpl"), oa.now()
         cache_prompt = get_bool(body, "cache_prompt", True)
         plan = plan_for(prompt, chat.reasoning_budget, chat.reasoning_budget_message)
