@@ -24,6 +24,7 @@ from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.sampling.chain import SamplerChain
 from pyggspec.sampling.grammar import GrammarError, GrammarSpec, compile_grammar, grammar_vocab
+from pyggspec.serving.request import Request
 from pyggspec.serving.server import ServerConfig, create_app
 
 SCHEMA = {"type": "object",
@@ -307,3 +308,20 @@ def test_http_chat_schema_with_thinking_template(model_path):
     gs = r.json()
     assert gs["choices"][0]["message"]["content"] is not None or \
         gs["choices"][0]["message"].get("reasoning_content")
+
+
+@pytest.mark.parametrize("backend", [False, True])
+def test_mixed_batch_with_and_without_grammar(model_path, backend):
+    """A constrained and a free sequence share verify batches (their chains differ in
+    structure, so the batch samples on the host): each gets what it gets alone."""
+    with open_engine(model_path) as e:
+        ref = [e.generate(PROMPTS[0], max_tokens=60, sampling=SAMPLED, json_schema=SCHEMA),
+               e.generate(PROMPTS[1], max_tokens=30, sampling=SAMPLED, ignore_eos=True)]
+    with open_engine(model_path, backend_sampling=backend, **spec_kw()) as e:
+        hs = [e.submit(Request(e.tokenize(PROMPTS[0]), max_tokens=60, sampling=SAMPLED,
+                               grammar=GrammarSpec.json_schema(SCHEMA))),
+              e.submit(Request(e.tokenize(PROMPTS[1]), max_tokens=30, sampling=SAMPLED,
+                               ignore_eos=True))]
+        got = [h.result() for h in hs]
+    check_schema(got[0].text)
+    assert [g.tokens for g in got] == [r.tokens for r in ref]
