@@ -284,13 +284,22 @@ class Tokenizer:
     # -- chat ------------------------------------------------------------------------------
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
                             add_generation_prompt: bool = True, *, jinja: bool = False,
-                            **kwargs: Any) -> str:
+                            builtin: str | None = None, **kwargs: Any) -> str:
         """Render ``messages`` ([{"role", "content"}, ...]) with the GGUF's chat template.
 
         llama.cpp's ``llama_chat_apply_template`` first (it recognises the common templates by
         their markers); a template it does not know, non-string content, extra ``kwargs`` or
         ``jinja=True`` render the template itself with jinja2 (HF-compatible environment).
+        ``builtin``: one of llama.cpp's template names (:meth:`builtin_chat_templates`, e.g.
+        ``llama3``) to render with instead of the file's template (ValueError when llama.cpp
+        cannot render these messages with it).
         """
+        if builtin is not None:
+            out = self._llama_chat(messages, add_generation_prompt, builtin)
+            if out is None:
+                raise ValueError(f"llama.cpp's {builtin!r} template cannot render these "
+                                 "messages")
+            return out
         if self.chat_template is None:
             raise ModelFileError(self.path, "the file has no chat template "
                                  "(tokenizer.chat_template)")
@@ -302,14 +311,22 @@ class Tokenizer:
                 return out
         return self._jinja_chat(messages, add_generation_prompt, **kwargs)
 
+    def builtin_chat_templates(self) -> list[str]:
+        """The names of llama.cpp's built-in chat templates (``llama3``, ``command-r``, ...)."""
+        ll = self._ll
+        n = ll.llama_chat_builtin_templates(None, 0)
+        arr = (ctypes.c_char_p * n)()
+        ll.llama_chat_builtin_templates(arr, n)
+        return [a.decode() for a in arr]
+
     def _llama_chat(self, messages: Sequence[Mapping[str, Any]],
-                    add_generation_prompt: bool) -> str | None:
+                    add_generation_prompt: bool, name: str | None = None) -> str | None:
         ll = self._ll
         keep = [(m["role"].encode(), m["content"].encode()) for m in messages]
         arr = (ll.llama_chat_message * max(len(keep), 1))()
         for i, (r, c) in enumerate(keep):
             arr[i].role, arr[i].content = r, c
-        tmpl = self.chat_template.encode()  # type: ignore[union-attr]
+        tmpl = (name or self.chat_template).encode()  # type: ignore[union-attr]
         cap = max(256, 2 * sum(len(r) + len(c) for r, c in keep) + 256)
         for _ in range(2):
             buf = ctypes.create_string_buffer(cap)

@@ -216,7 +216,7 @@ def test_everyday_no_ops_say_so_in_help():
     assert r.exit_code == 0
     for flag in ("--metrics", "-fa, --flash-attn", "-cb, --cont-batching", "--offline"):
         assert flag in r.output
-    assert "/metrics is always served" in " ".join(r.output.split())
+    assert "without it 501" in " ".join(r.output.split())
     assert "--embedding" not in r.output  # refusals are hidden
 
 
@@ -359,6 +359,38 @@ def test_chat_template_names_and_text():
     assert serve_mod._chat_template(None, None) is None
     with pytest.raises(FlagRefused, match="--chat-template llama3: not supported"):
         serve_mod._chat_template("llama3", None)
+    # --no-jinja: llama.cpp's built-in templates by name (the server checks the name)
+    assert serve_mod._chat_template("llama3", None, jinja=False) == "llama3"
+    assert serve_mod._chat_template("chatml", None, jinja=False) == "chatml"
+
+
+def test_metrics_verbose_prefill_reach_the_server(monkeypatch):
+    """--metrics (off by default: /metrics is a 501, as llama-server), -v/--verbose
+    (__verbose in answers) and --no-prefill-assistant reach the ServerConfig."""
+    import contextlib
+
+    import pyggspec.serving.server as server_mod
+
+    seen = {}
+
+    def create_app(engine, config, **kw):
+        seen["config"] = config
+        raise Built
+
+    monkeypatch.setattr(serve_mod, "engine_from_config",
+                        lambda path, config: contextlib.nullcontext())
+    monkeypatch.setattr(server_mod, "create_app", create_app)
+
+    def config(*flags):
+        seen.clear()
+        CliRunner().invoke(main, ["serve", "-m", "x.gguf", *NEEDS["serve"], *flags])
+        return seen["config"]
+
+    c = config()
+    assert (c.endpoint_metrics, c.verbose, c.prefill_assistant) == (False, False, True)
+    c = config("--metrics", "--verbose", "--no-prefill-assistant")
+    assert (c.endpoint_metrics, c.verbose, c.prefill_assistant) == (True, True, False)
+    assert config("-v").verbose and config("--log-verbose").verbose
 
 
 def test_api_key_file(tmp_path):

@@ -320,6 +320,8 @@ def test_prompt_longer_than_context(http):
     err = r.json()["error"]
     assert err["type"] == "exceed_context_size_error"
     assert err["n_prompt_tokens"] == N_CTX + 5 and err["n_ctx"] == N_CTX
+    # llama-server's words (llama.cpp's test_ctx_shift matches them)
+    assert "exceeds the available context size" in err["message"]
     # a prompt filling the context leaves no room for a token unless none is asked for
     assert http.post("/completion", json={"prompt": [300] * N_CTX}).status_code == 400
 

@@ -185,7 +185,7 @@ TABLE = f"""
 --cache-prompt :: 0 s N :: prompt reuse is always on; per request: cache_prompt
 --no-cache-prompt :: 0 s R :: prompt reuse cannot be turned off server-wide; per request: cache_prompt false
 --cache-reuse :: 1 s R :: no KV shifting for chunk reuse
---metrics :: 0 s N :: /metrics is always served
+--metrics :: 0 s H
 --props :: 0 s R :: POST /props is not implemented; GET /props is served
 --slots --no-slots :: 0 s H
 --slot-save-path :: 1 s H
@@ -202,11 +202,12 @@ TABLE = f"""
 --chat-template :: 1 s/r H/R :: {_TEMPLATE_RUN}
 --chat-template-file :: 1 s/r H/R :: {_TEMPLATE_RUN}
 --skip-chat-parsing --no-skip-chat-parsing :: 0 s/r H/N :: run's output is never parsed
---prefill-assistant --no-prefill-assistant :: 0 s R :: a trailing assistant message is rendered by the template as is
+--prefill-assistant --no-prefill-assistant :: 0 s H
 -sps --slot-prompt-similarity :: 1 s N :: a request takes the slot with the longest reusable prefix
 --sleep-idle-seconds :: 1 s R :: the model stays loaded
 --simple-io :: 0 r N :: run's output is plain already
---log-disable --log-jsonl --no-log-jsonl -v --verbose --log-verbose :: 0 sr N :: {_LOG}
+--log-disable --log-jsonl --no-log-jsonl :: 0 sr N :: {_LOG}
+-v --verbose --log-verbose :: 0 s/r H/N :: {_LOG}
 --log-prefix --no-log-prefix --log-timestamps --no-log-timestamps :: 0 sr N :: {_LOG}
 --log-file --log-prompts-dir :: 1 sr R :: {_LOG}
 --log-colors -lv --verbosity --log-verbosity :: 1 sr N :: {_LOG}
@@ -243,7 +244,7 @@ TABLE = f"""
 """
 
 # no-op flags shown in -h (the everyday ones); every other N and R flag is hidden
-VISIBLE = frozenset({"--metrics", "-fa", "-cb", "--offline", "-cram",
+VISIBLE = frozenset({"-fa", "-cb", "--offline", "-cram",
                      "--no-context-shift", "--swa-full", "-tb", "--no-webui", "-ngld"})
 
 

@@ -40,24 +40,25 @@ from pyggspec.config import EngineConfig
 from pyggspec.errors import PyggspecError
 
 
-def _chat_template(name: str | None, path: Path | None) -> str | None:
-    """``--chat-template`` (Jinja text, or the built-in name ``chatml``) or
-    ``--chat-template-file``: the template source, or None for the file's own."""
+def _chat_template(name: str | None, path: Path | None, jinja: bool = True) -> str | None:
+    """``--chat-template`` (Jinja text, the built-in name ``chatml``, or with --no-jinja any
+    of llama.cpp's built-in names) or ``--chat-template-file``: the template source, or
+    None for the file's own."""
     if path is not None:
         if name is not None:
             raise click.UsageError("give --chat-template or --chat-template-file, not both")
         return path.read_text()
     if name is None:
         return None
-    if name == "chatml":
+    if name == "chatml" and jinja:
         from pyggspec.serving.http.chat import CHATML
 
         return CHATML
-    if "{{" in name or "{%" in name:
-        return name
-    raise FlagRefused(f"--chat-template {name}: not supported by pyggspec serve (of "
-                      "llama.cpp's built-in template names only 'chatml'; give Jinja text "
-                      "or --chat-template-file)")
+    if "{{" in name or "{%" in name or not jinja:
+        return name  # with --no-jinja a built-in name (llama3, ...): checked by the server
+    raise FlagRefused(f"--chat-template {name}: not supported by pyggspec serve with --jinja "
+                      "(of llama.cpp's built-in template names only 'chatml'; give Jinja text, "
+                      "--chat-template-file, or the name with --no-jinja)")
 
 
 def _tristate(value: str) -> str:
@@ -204,6 +205,15 @@ def _slot_ctx(n_ctx: int, n_parallel: int, unified: bool, model: Path | None) ->
 @click.option("--chat-template", "chat_template", default=None, metavar="JINJA|chatml",
               help="Use this Jinja template text (or the built-in 'chatml') instead of the "
                    "file's.")
+@click.option("--metrics", "endpoint_metrics", is_flag=True, default=False,
+              help="Serve GET /metrics (Prometheus text; without it 501, as llama-server).")
+@click.option("--prefill-assistant/--no-prefill-assistant", "prefill_assistant",
+              default=True, show_default=True,
+              help="A chat ending with an assistant message continues that message "
+                   "(--no-prefill-assistant: the template renders it as a finished turn).")
+@click.option("-v", "--verbose", "--log-verbose", "verbose", is_flag=True, default=False,
+              help="Responses carry llama-server's __verbose debug object (a request's "
+                   "\"verbose\": false turns it off).")
 @click.option("--slots/--no-slots", "endpoint_slots", default=True, show_default=True,
               help="Serve GET /slots (--no-slots: 501, as llama-server).")
 @click.option("--slot-save-path", "slot_save_path", default=None, metavar="DIR",
@@ -252,7 +262,8 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
           reasoning_budget: int = -1, reasoning_budget_message: str = "",
           chat_template_kwargs: str | None = None, skip_chat_parsing: bool = False,
           tags: str | None = None, kv_unified: bool | None = None,
-          endpoint_slots: bool = True) -> None:
+          endpoint_slots: bool = True, endpoint_metrics: bool = False,
+          prefill_assistant: bool = True, verbose: bool = False) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
 
@@ -264,7 +275,7 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
     from pyggspec.serving.server import serve as run_server
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    template = _chat_template(chat_template, chat_template_file)
+    template = _chat_template(chat_template, chat_template_file, jinja)
     template_kwargs = _template_kwargs(chat_template_kwargs, reasoning_effort)
     api_key = _api_key(api_key, api_key_file)
     synthetic = False
@@ -294,6 +305,8 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
         server_config = ServerConfig(model_id=name, model_path=str(model), api_key=api_key,
                                      aliases=aliases, tags=_names(tags),
                                      endpoint_slots=endpoint_slots,
+                                     endpoint_metrics=endpoint_metrics,
+                                     prefill_assistant=prefill_assistant, verbose=verbose,
                                      sampling=config.sampling,
                                      n_predict=None if n_predict < 0 else n_predict,
                                      synthetic=synthetic, jinja=jinja, chat_template=template,

@@ -33,15 +33,22 @@ class ChatTemplate:
     """The chat template of one model, ready to render request after request."""
 
     def __init__(self, tokenizer: Any, template: str | None = None, jinja: bool = True) -> None:
-        if template is not None and not jinja:
-            raise ValueError("a chat template of your own needs --jinja (llama.cpp's built-in "
-                             "matcher only renders the file's template)")
         self.tokenizer = tokenizer
+        # --no-jinja --chat-template NAME: one of llama.cpp's built-in templates by name
+        self.builtin: str | None = None
+        if template is not None and not jinja:
+            names = tokenizer.builtin_chat_templates()
+            if template not in names:
+                raise ValueError("a chat template of your own needs --jinja (with --no-jinja "
+                                 "only llama.cpp's built-in templates, by name: "
+                                 f"{', '.join(names)})")
+            self.builtin = template
         self.source = template or getattr(tokenizer, "chat_template", None) or CHATML
         self.from_file = template is None and getattr(tokenizer, "chat_template", None) is not None
         self.jinja = jinja
         self._compiled: Any = None
         self._caps: dict[str, bool] | None = None
+        self._thinking: bool | None = None
         self._specials = self._special_pieces()
         if jinja:
             self._compiled = self._compile(self.source)
@@ -50,6 +57,7 @@ class ChatTemplate:
     def name(self) -> str:
         """What /props reports: where the template came from and how it is rendered."""
         where = "gguf" if self.from_file else ("chatml fallback" if self.source == CHATML
+                                               else f"built-in {self.builtin}" if self.builtin
                                                else "override")
         return f"{where} ({'jinja' if self.jinja else 'llama.cpp built-in'})"
 
@@ -106,6 +114,25 @@ class ChatTemplate:
         templates: ``<think>`` in the source, rendered with Jinja)."""
         return self.jinja and "<think>" in self.source
 
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether ``enable_thinking`` changes what the template renders (llama-server's
+        ``common_chat_templates_support_enable_thinking``, which finds any template's
+        thinking markers: Qwen's ``<think>``, Cohere's ``<|START_THINKING|>``, ...). With
+        ``--reasoning auto`` such a template is rendered with thinking on. Probed once."""
+        if self._thinking is None:
+            self._thinking = False
+            if self.jinja:
+                msgs = [{"role": "user", "content": "test"}]
+                try:
+                    on, off = (self._compiled.render(**{
+                        **self._specials, "messages": msgs, "add_generation_prompt": True,
+                        "enable_thinking": v}) for v in (True, False))
+                    self._thinking = on != off
+                except Exception:  # noqa: BLE001 - a template refusing the probe: no
+                    self._thinking = False
+        return self._thinking
+
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                kwargs: Mapping[str, Any] | None = None,
                tools: Sequence[Mapping[str, Any]] | None = None) -> str:
@@ -122,13 +149,14 @@ class ChatTemplate:
                                "--no-jinja)", param="tools")
             try:
                 return self.tokenizer.apply_chat_template(
-                    [dict(m) for m in messages], add_generation_prompt=add_generation_prompt)
+                    [dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                    builtin=self.builtin)
             except Exception as e:  # noqa: BLE001 - llama.cpp or jinja, both the input's fault
                 raise ApiError(400, f"chat template failed: {getattr(e, 'message', e)}",
                                param="messages") from None
         import jinja2
 
-        variables = dict(self._specials)
+        variables = {**self._specials, **date_variables()}
         if tools:
             variables["tools"] = [dict(t) for t in tools]
         variables.update(kwargs or {})
@@ -167,6 +195,16 @@ class ChatTemplate:
             else:
                 hi = mid - 1
         return prompt[lo:]
+
+
+def date_variables() -> dict[str, str]:
+    """llama.cpp's extra template context (``common_chat_extra_context``): today's date as
+    ``date_string`` ("24 Nov 2026", Llama 3.x) and ``datetime`` ("Nov 24 2026",
+    firefunction); a request's ``chat_template_kwargs`` override them."""
+    from datetime import datetime
+
+    now = datetime.now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
 
 
 def parse_template_kwargs(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,11 @@ class ChatRequest:
     kwargs: dict[str, Any]  # template variables: enable_thinking, the kwargs of both sides
     reasoning_budget: int  # -1: no budget
     reasoning_budget_message: str
+    add_generation_prompt: bool = True
+    # continue the last (assistant) message instead of starting a new one: llama-server's
+    # continue_final_message, and its prefill when the conversation ends with an assistant
+    continue_final: str = ""  # "" (a new message), "content" or "reasoning_content"
+    continue_content: str = ""  # that message's text (content parts joined by a blank line)
 
 
 def parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -146,7 +151,8 @@ def parse_chat_request(body: Mapping[str, Any], messages: list[dict[str, Any]],
                       f"{fmt!r}", "reasoning_format")
 
     # template variables: the thinking default, the server's kwargs, then the request's
-    kwargs: dict[str, Any] = {"enable_thinking": config.reasoning != "off" and template.thinks}
+    kwargs: dict[str, Any] = {"enable_thinking": config.reasoning != "off"
+                              and (template.thinks or template.supports_thinking)}
     if config.reasoning in ("on", "off"):
         kwargs["enable_thinking"] = config.reasoning == "on"
     kwargs.update(config.chat_template_kwargs)
@@ -169,9 +175,59 @@ def parse_chat_request(body: Mapping[str, Any], messages: list[dict[str, Any]],
     if budget is None or budget == -1:
         budget = config.reasoning_budget
     message = get_str(body, "reasoning_budget_message", config.reasoning_budget_message) or ""
+    if messages and messages[-1].get("tool_calls"):
+        template_messages(messages, template)  # bad arguments are reported first, as there
+    add_gen, cont = _continuation(body, messages, config.prefill_assistant)
     return ChatRequest(messages=messages, tools=tools, tool_choice=choice, tool_name=name,
                        parallel_tool_calls=parallel, reasoning_format=fmt, kwargs=kwargs,
-                       reasoning_budget=budget, reasoning_budget_message=message)
+                       reasoning_budget=budget, reasoning_budget_message=message,
+                       add_generation_prompt=add_gen, continue_final=cont,
+                       continue_content=_final_content(body, messages) if cont else "")
+
+
+def _continuation(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]],
+                  prefill_assistant: bool) -> tuple[bool, str]:
+    """(add_generation_prompt, continue the final message), as llama-server's
+    ``oaicompat_chat_params_parse``: ``continue_final_message`` (true, "content" or
+    "reasoning_content") or, with ``--prefill-assistant`` (its default), a conversation that
+    ends with an assistant message continues that message; both with
+    ``add_generation_prompt`` is a 400, as are two assistant messages at the end. The
+    second value is "" (no continuation), "content" or "reasoning_content" (true resolves
+    to the latter when the message has reasoning and no content)."""
+    add_gen = get_bool(body, "add_generation_prompt", True)
+    v = body.get("continue_final_message")
+    cont = v is True or v in ("content", "reasoning_content")
+    if not cont and prefill_assistant and messages and messages[-1]["role"] == "assistant":
+        if len(messages) >= 2 and messages[-2]["role"] == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list.",
+                          "messages")
+        cont, add_gen = True, False
+    if cont and add_gen:
+        raise invalid("Cannot set both add_generation_prompt and continue_final_message to "
+                      "true.", "continue_final_message")
+    if cont and messages and messages[-1]["role"] == "assistant" \
+            and messages[-1].get("tool_calls"):
+        raise invalid("Cannot continue an assistant message that contains tool calls.",
+                      "continue_final_message")
+    if not cont:
+        return add_gen, ""
+    if isinstance(v, str):
+        return add_gen, v
+    last = messages[-1] if messages else {}
+    only_reasoning = bool(last.get("reasoning_content")) and not last.get("content")
+    return add_gen, "reasoning_content" if only_reasoning else "content"
+
+
+def _final_content(body: Mapping[str, Any], messages: Sequence[Mapping[str, Any]]) -> str:
+    """The continued message's text: its content parts joined by a blank line (llama.cpp's
+    ``render_content``; parts of earlier messages reach the template joined by a newline)."""
+    raw = body.get("messages")
+    last = raw[-1] if isinstance(raw, list) and raw else None
+    parts = last.get("content") if isinstance(last, dict) else None
+    if isinstance(parts, list):
+        return "\n\n".join(p["text"] for p in parts if isinstance(p, dict)
+                            and isinstance(p.get("text"), str))
+    return str(messages[-1].get("content") or "") if messages else ""
 
 
 # ---------------------------------------------------------------------------- prompt
@@ -221,14 +277,41 @@ def template_messages(messages: Sequence[Mapping[str, Any]],
     return out
 
 
+def _continued(template: ChatTemplate, req: ChatRequest, msgs: list[dict[str, Any]]
+               ) -> tuple[str, str]:
+    """The prompt that continues the final message, and the generation prompt the answer
+    continues (llama.cpp's ``continue_final_message``): the conversation before it without a
+    generation prompt, then the template's generation prompt, then the message's reasoning
+    (in a thinking template's block, closed when the content is continued) and its
+    content."""
+    head, last = msgs[:-1], msgs[-1] if msgs else {}
+    bare = template.render(head, False, req.kwargs, req.tools) if head else ""
+    full = template.render(head, True, req.kwargs, req.tools)
+    gen = full[len(bare):] if full.startswith(bare) else \
+        template.generation_prompt(head, full, req.kwargs, req.tools)
+    content = req.continue_content if req.continue_final == "content" else ""
+    reasoning = str(last.get("reasoning_content") or "")
+    at = gen.rfind(THINK_OPEN)
+    if template.thinks and at >= 0:
+        gen = gen[:at] + THINK_OPEN + "\n" + reasoning
+        if req.continue_final == "content":
+            gen += "\n" + THINK_CLOSE + "\n\n"
+    return bare + gen + content, gen + content
+
+
 def render_chat(template: ChatTemplate, req: ChatRequest,
                 skip_chat_parsing: bool = False) -> ChatPrompt:
     """Render the prompt (with the request's tools and variables) and work out the
     answer's syntax: the generation prompt the answer continues, whether reasoning is split
     out, which tools are parsed."""
     msgs = template_messages(req.messages, template)
-    text = template.render(msgs, True, req.kwargs, req.tools)
-    gen_prompt = template.generation_prompt(msgs, text, req.kwargs, req.tools)
+    if req.continue_final:
+        text, gen_prompt = _continued(template, req, msgs)
+    elif not req.add_generation_prompt:
+        text, gen_prompt = template.render(msgs, False, req.kwargs, req.tools), ""
+    else:
+        text = template.render(msgs, True, req.kwargs, req.tools)
+        gen_prompt = template.generation_prompt(msgs, text, req.kwargs, req.tools)
     thinking_open = (template.thinks
                      and gen_prompt.rfind(THINK_OPEN) > gen_prompt.rfind(THINK_CLOSE))
     parse_tools = bool(req.tools) and req.tool_choice != "none"

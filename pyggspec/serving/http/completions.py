@@ -92,6 +92,17 @@ def install(app: FastAPI, state: ServerState) -> None:
 
         return take
 
+    def verbose(out: dict[str, Any], body: Any, gen: Any, model: str,
+                result: Result) -> dict[str, Any]:
+        """llama-server's ``__verbose`` debug object on an OpenAI answer: its own
+        ``/completion`` result (the prompt as the model read it, detokenized with its special
+        tokens), when the request's ``verbose`` asks (default: serve's ``--verbose``)."""
+        if get_bool(body, "verbose", cfg.verbose):
+            prompt = state.tokenizer.detokenize(result.prompt_tokens)
+            out["__verbose"] = oa.llama_completion(model, result, state.settings(gen), prompt,
+                                                   gen.return_tokens, state.n_ctx)
+        return out
+
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -117,13 +128,30 @@ def install(app: FastAPI, state: ServerState) -> None:
         rid, created = oa.new_id("chatcmpl"), oa.now()
         cache_prompt = get_bool(body, "cache_prompt", True)
         plan = plan_for(prompt, chat.reasoning_budget, chat.reasoning_budget_message)
-        handle = (await ChatRun(state, plan, ids, gen, rid, cache_prompt).start() if plan
-                  else await state.submit(ids, gen, rid, cache_prompt))
+
+        async def start(rid: str) -> Any:
+            return (await ChatRun(state, plan, ids, gen, rid, cache_prompt).start() if plan
+                    else await state.submit(ids, gen, rid, cache_prompt))
+
+        if gen.n > 1:  # several choices: one request each, answered together (not streamed)
+            handles = [await start(f"{rid}-{i}") for i in range(gen.n)]
+            results = await asyncio.gather(*(run_to_end(state, request, h, t_start)
+                                             for h in handles))
+            outs = [oa.chat_response(rid, created, model, r, probs(gen, r.logprobs),
+                                     parse_final(r.text, prompt.syntax)) for r in results]
+            out = outs[0]
+            out["choices"] = [dict(o["choices"][0], index=i) for i, o in enumerate(outs)]
+            n_out = sum(o["usage"]["completion_tokens"] for o in outs)
+            out["usage"].update(completion_tokens=n_out,
+                                total_tokens=out["usage"]["prompt_tokens"] + n_out)
+            return JSONResponse(verbose(out, body, gen, model, results[0]))
+        handle = await start(rid)
         if not gen.stream:
             result = await run_to_end(state, request, handle, t_start)
             message = parse_final(result.text, prompt.syntax)
-            return JSONResponse(oa.chat_response(rid, created, model, result,
-                                                 probs(gen, result.logprobs), message))
+            out = oa.chat_response(rid, created, model, result, probs(gen, result.logprobs),
+                                   message)
+            return JSONResponse(verbose(out, body, gen, model, result))
 
         first = [True]
         logprobs = held(gen)
@@ -169,8 +197,9 @@ def install(app: FastAPI, state: ServerState) -> None:
         handle = await state.submit(ids, gen, rid, get_bool(body, "cache_prompt", True))
         if not gen.stream:
             result = await run_to_end(state, request, handle, t_start)
-            return JSONResponse(oa.completion_response(rid, created, model, result, prefix,
-                                                       probs(gen, result.logprobs)))
+            out = oa.completion_response(rid, created, model, result, prefix,
+                                         probs(gen, result.logprobs))
+            return JSONResponse(verbose(out, body, gen, model, result))
 
         echoed = [not prefix]
         logprobs = held(gen)

@@ -59,10 +59,13 @@ def invalid(message: str, param: str | None = None) -> ApiError:
 
 
 def context_error(n_prompt: int, n_ctx: int, room: bool) -> ApiError:
-    """llama-server's ``exceed_context_size_error`` (400) with its two extra fields."""
-    what = ("does not fit" if not room else "leaves no room to generate in")
-    return ApiError(400, f"the request ({n_prompt} tokens) {what} the context size "
-                    f"({n_ctx} tokens); shorten it or raise -c", param="prompt",
+    """llama-server's ``exceed_context_size_error`` (400) with its message (clients and
+    llama.cpp's tests match "exceeds the available context size") and two extra fields;
+    ``room``: the prompt fits but leaves no room for a token (said after llama-server's
+    words)."""
+    what = " and leaves no room to generate" if room else ""
+    return ApiError(400, f"request ({n_prompt} tokens) exceeds the available context size "
+                    f"({n_ctx} tokens){what}, try increasing it (-c)", param="prompt",
                     type="exceed_context_size_error",
                     extra={"n_prompt_tokens": n_prompt, "n_ctx": n_ctx})
 
@@ -271,9 +274,11 @@ class GenParams:
     n_probs: int | None = None  # alternatives reported per token (None: no logprobs at all)
     post_sampling_probs: bool = False  # from the sampler chain's distribution, as probs
     grammar: GrammarSpec | None = None  # grammar / json_schema / response_format
+    n: int = 1  # choices (chat, not streamed): n requests over the same prompt
 
 
 MAX_STOP = 16
+MAX_CHOICES = 16  # 'n': the requests of one answer share the server's slots
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs (chat) and logprobs (completions)
 
 
@@ -378,8 +383,11 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
     (``api``: ``"chat"``, ``"completions"`` or ``"llama"``, see :func:`parse_logprobs`),
     extensions."""
     n = get_int(body, "n", 1)
-    if n != 1:
-        raise ApiError(400, f"'n' must be 1 (one choice per request), got {n}", param="n")
+    if n < 1 or n > MAX_CHOICES:
+        raise invalid(f"'n' must be between 1 and {MAX_CHOICES}, got {n}", "n")
+    if n != 1 and (api != "chat" or get_bool(body, "stream", False)):
+        raise invalid(f"'n' must be 1 here (several choices: /v1/chat/completions, not "
+                      f"streamed), got {n}", "n")
     n_probs = parse_logprobs(body, api, n_vocab)
     for key in ("functions", "mirostat"):
         if body.get(key) not in (None, [], "", 0):
@@ -411,6 +419,7 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
         n_probs=n_probs,
         post_sampling_probs=get_bool(body, "post_sampling_probs", False),
         grammar=grammar,
+        n=n,
     )
 
 

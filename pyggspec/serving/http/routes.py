@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from pyggspec.serving.http import openai_api as oa
-from pyggspec.serving.http.chat_request import parse_chat_request, template_messages
+from pyggspec.serving.http.chat_request import parse_chat_request, render_chat
 from pyggspec.serving.http.metrics import prometheus_text
 from pyggspec.serving.http.protocol import (
     ApiError,
@@ -69,7 +69,8 @@ def install(app: FastAPI, state: ServerState) -> None:
             "total_slots": state.n_parallel, "model_alias": cfg.model_id,
             "model_ftype": state.model_info.ftype, "model_path": cfg.model_path,
             "modalities": {"vision": False, "video": False, "audio": False},
-            "endpoint_slots": cfg.endpoint_slots, "endpoint_props": False, "endpoint_metrics": True,
+            "endpoint_slots": cfg.endpoint_slots, "endpoint_props": False,
+            "endpoint_metrics": cfg.endpoint_metrics,
             "ui": False, "chat_template": state.template.source,
             "chat_template_caps": caps, "bos_token": state.template.bos_token,
             "eos_token": state.template.eos_token, "build_info": f"pyggspec {__version__}",
@@ -91,12 +92,17 @@ def install(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
+        if not cfg.endpoint_metrics:  # llama-server's ERROR_TYPE_NOT_SUPPORTED
+            raise ApiError(501, "This server does not support metrics endpoint. Start it "
+                           "with `--metrics`", type="not_supported_error")
         def text() -> str:
             return prometheus_text(state.metrics, sched.metrics(), sched.memory())
 
-        return PlainTextResponse(await asyncio.to_thread(text),
-                                 media_type="text/plain; version=0.0.4",
-                                 headers={"Process-Start-Time-Unix": str(state.created)})
+        resp = PlainTextResponse(await asyncio.to_thread(text),
+                                 media_type="text/plain; version=0.0.4")
+        # in llama-server's casing: llama.cpp's tests read a plain dict of header names
+        resp.raw_headers.append((b"Process-Start-Time-Unix", str(state.created).encode()))
+        return resp
 
     # --- tokens ------------------------------------------------------------------------------
     @app.post("/tokenize")
@@ -125,11 +131,24 @@ def install(app: FastAPI, state: ServerState) -> None:
         ids = parse_token_list(body, "tokens", state.n_vocab)
         return JSONResponse({"content": state.tokenizer.detokenize(ids)})
 
-    @app.post("/apply-template")
-    async def apply_template(request: Request) -> JSONResponse:
+    async def chat_prompt(request: Request) -> str:
+        """A chat request's prompt, rendered as a chat request renders it (tools, thinking,
+        a continued final message)."""
         body = await read_body(request)
         chat = parse_chat_request(body, parse_messages(body), state.config, state.template)
-        text = await asyncio.to_thread(  # as a chat request renders it: tools, thinking
-            state.template.render, template_messages(chat.messages, state.template), True,
-            chat.kwargs, chat.tools)
-        return JSONResponse({"prompt": text})
+        prompt = await asyncio.to_thread(render_chat, state.template, chat,
+                                         cfg.skip_chat_parsing)
+        return prompt.text
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> JSONResponse:
+        return JSONResponse({"prompt": await chat_prompt(request)})
+
+    @app.post("/chat/completions/input_tokens")
+    @app.post("/v1/chat/completions/input_tokens")
+    async def chat_input_tokens(request: Request) -> JSONResponse:
+        """The prompt's token count of a chat request (llama-server's count-tokens
+        endpoint): nothing is generated."""
+        text = await chat_prompt(request)
+        ids = await asyncio.to_thread(state.tokenize_prompt, [text])
+        return JSONResponse({"input_tokens": len(ids), "object": "response.input_tokens"})

@@ -59,6 +59,9 @@ class ServerConfig:
     reasoning_budget_message: str = ""
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     skip_chat_parsing: bool = False  # all of the answer is content
+    prefill_assistant: bool = True  # a trailing assistant message is continued
+    endpoint_metrics: bool = True  # serve's --metrics (off there, as llama-server): else 501
+    verbose: bool = False  # serve's --verbose: responses carry __verbose unless asked not to
 
 
 class ServerState:
