@@ -21,7 +21,8 @@ def costs(step: float, per_row: float, mtp: float, B: int = 1, T_max: int = 6) -
         for t in range(1, T_max + 1):
             c.observe("verify", b, t, step + per_row * (b * t - 1))
         c.observe("mtp", b, 1, mtp)
-        c.observe("step", b, 1, step + per_row * (b - 1))
+        for _ in range(2):
+            c.observe("step", b, 1, step + per_row * (b - 1))
     return c
 
 
@@ -101,6 +102,7 @@ def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
         c.observe("verify", 1, T, ms)
     c.observe("mtp", 1, 1, 8.0)
     c.observe("step", 1, 1, 32.0)
+    c.observe("step", 1, 1, 32.0)
     m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99)], reps=200)
     m = learnt(m, "greedy", [(0.3, 0.3)], reps=20)
     b = budget(c, model=m)
@@ -122,10 +124,13 @@ def test_plain_decoding_is_measured_at_each_batch_size_before_drafting():
     b = budget(c, model=learnt(AcceptanceModel(), "greedy", [(0.99, 0.99)]))
     slots, caps = [0, 1, 2, 3], [3] * 4
     assert b.plan(slots, caps, ["greedy"] * 4) == 0 and b.plain_probes == 1
+    b.observe_step(4, 1, 400.0, 4)  # the first one also built its graph
+    assert b.plan(slots, caps, ["greedy"] * 4) == 0 and b.plain_probes == 2
     b.observe_step(4, 1, 116.0, 4)
-    assert b.plan(slots, caps, ["greedy"] * 4) == 3 and b.plain_probes == 1
-    assert b.to_dict()["plain_probe_steps"] == 1
-    assert b.plan([0], [3], ["greedy"]) == 0 and b.plain_probes == 2  # B = 1: not yet
+    assert b.costs.ms[("step", 4, 1)] == 116.0
+    assert b.plan(slots, caps, ["greedy"] * 4) == 3 and b.plain_probes == 2
+    assert b.to_dict()["plain_probe_steps"] == 2
+    assert b.plan([0], [3], ["greedy"]) == 0 and b.plain_probes == 3  # B = 1: not yet
 
 
 def test_no_drafting_where_it_cannot_pay():
@@ -350,6 +355,7 @@ def test_graph_drawn_drafts_report_the_heads_confidence(paths, make_engine):
                 run = mtp.run
                 mtp.run = lambda mb, run=run: plans.append(mb.sampling) or run(mb)
                 e.draft_policy.acceptance = type(e.draft_policy.acceptance)()  # this run's
+                e.draft_policy.forced = True  # draft whatever the tiny model's costs say
             outs.append(e.generate(PROMPTS[0], max_tokens=24, ignore_eos=True).tokens)
             if spec_type:
                 report = e.draft_policy.acceptance.report()

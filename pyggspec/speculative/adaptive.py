@@ -47,6 +47,7 @@ from pyggspec.speculative.calibration import AcceptanceModel
 IDLE_EXPLORE_MAX = 512  # most declined steps between two that draft anyway
 RATE_DECAY = 0.95  # weight of the old average in the realized rate (about 20 steps)
 RECENT = 9  # observations per shape whose median is its cost
+PLAIN_PROBES = 2  # plain steps measured at a batch size before drafting there
 
 
 @dataclass
@@ -73,6 +74,11 @@ class CostModel:
         # the median once there are three (one slow step, e.g. the first run of a new graph,
         # is then outvoted); before, the fastest (a mean of two would keep half the outlier)
         self.ms[key] = statistics.median(q) if len(q) >= 3 else min(q)
+
+    def seen(self, kind: str, B: int, T: int) -> int:
+        """How many runs of this shape were observed (a calibrated value counts as one)."""
+        q = self._recent.get((kind, B, T))
+        return len(q) if q is not None else int((kind, B, T) in self.ms)
 
     def estimate(self, kind: str, B: int, T: int) -> float | None:
         """The measured cost; else interpolated over rows (B * T) between one-sequence
@@ -204,10 +210,12 @@ class DraftBudget:
         self._explore = False
         if self.forced:
             return limit
-        if ("step", B, 1) not in self.costs.ms and self.costs.ms and not self.costs.frozen:
+        if self.costs.seen("step", B, 1) < PLAIN_PROBES and self.costs.ms and not self.costs.frozen:
             # what plain decoding costs at this batch size is measured, not estimated: the
             # estimate from one sequence's verify rows (-np 4: 131 ms against 116 for a
-            # real 4-sequence step) made drafting that lost 10% look as if it paid
+            # real 4-sequence step) made drafting that lost 10% look as if it paid. Twice:
+            # the first such step also builds its graph, and alone it set the plain cost
+            # so high that the budget drafted on where every fixed length lost
             self.plain_probes += 1
             return 0
         if not self._pays(B, limit, caps, regimes):
