@@ -8,6 +8,10 @@ with and without that schema (plain and draft-mtp), paired, in this process.
 
     python3 scripts/bench_grammar.py libs VOCAB.gguf [--pad 248320]
     python3 scripts/bench_grammar.py engine MODEL.gguf [-n 64] [--reps 3]
+    PYTHONPATH=CHECKOUT python3 scripts/bench_grammar.py free MODEL.gguf [--mtp]
+
+``free``: host ms per decode step without a grammar, for a before/after comparison of two
+checkouts (it uses only what every checkout has).
 """
 
 from __future__ import annotations
@@ -114,15 +118,36 @@ def engine(path: str, n: int, reps: int) -> dict:
     return out
 
 
+def free(path: str, n: int, mtp: bool) -> dict:
+    import pyggspec
+    from pyggspec.engine import Engine
+    from pyggspec.sampling import SamplingParams
+
+    greedy = SamplingParams(temp=0.0)
+    with Engine(path, n_ctx=512, **({"spec_type": "draft-mtp"} if mtp else {})) as e:
+        e.generate("Warm up", max_tokens=8, sampling=greedy)
+        host: list[float] = []
+        for _ in range(2):
+            r = e.generate("The list:", max_tokens=n, sampling=greedy, ignore_eos=True)
+            host.extend(r.timings.python_ms)
+    return {"checkout": pyggspec.__file__, "mtp": mtp, "python_ms": statistics.median(host)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("libs", "engine"))
+    ap.add_argument("what", choices=("libs", "engine", "free"))
     ap.add_argument("path")
     ap.add_argument("--pad", type=int, default=0)
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--mtp", action="store_true")
     a = ap.parse_args()
-    res = libs(a.path, a.pad) if a.what == "libs" else engine(a.path, a.n, a.reps)
+    if a.what == "libs":
+        res = libs(a.path, a.pad)
+    elif a.what == "engine":
+        res = engine(a.path, a.n, a.reps)
+    else:
+        res = free(a.path, a.n, a.mtp)
     print(json.dumps(res))
 
 
