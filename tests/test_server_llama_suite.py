@@ -193,3 +193,79 @@ def test_template_date_variables_and_thinking_markers(engine):
                              ServerConfig(model_id="t", reasoning="off"), t)
     assert off.kwargs["enable_thinking"] is False
     assert not ChatTemplate(engine.tokenizer, "{{ messages[0].content }}").supports_thinking
+
+
+def test_prompt_shapes_several_and_objects():
+    """llama-server's ``tokenize_input_prompts``: an array with no ids at its top level
+    holds several prompts; ``{"prompt_string": ...}`` is a prompt; multimodal data is not."""
+    from pyggspec.serving.http.protocol import ApiError, parse_prompts
+
+    assert parse_prompts({"prompt": "a"}, 100) == [["a"]]
+    assert parse_prompts({"prompt": [1, "a", 2]}, 100) == [[1, "a", 2]]
+    assert parse_prompts({"prompt": [[1, 2], "a", {"prompt_string": "b"}, [3, "c"]]}, 100) \
+        == [[1, 2], ["a"], ["b"], [3, "c"]]
+    assert parse_prompts({"prompt": {"prompt_string": "x"}}, 100) == [["x"]]
+    for bad in ({"prompt": []}, {"prompt": [[]]}, {"prompt": [{"text": "x"}]},
+                {"prompt": {"prompt_string": "x", "multimodal_data": ["AAAA"]}},
+                {"prompt": [[1, 200]]}, {"prompt": [["a"]] * 17}, {"prompt": [[1.5]]}):
+        with pytest.raises(ApiError) as e:
+            parse_prompts(bad, 100)
+        assert e.value.status == 400, bad
+
+
+def test_several_prompts_in_one_request(http):
+    ids = [300, 301, 302]
+    r = http.post("/completion", json={"prompt": [ids, ids], "n_predict": 3,
+                                       "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert isinstance(body, list) and [b["index"] for b in body] == [0, 1]
+    assert body[0]["content"] == body[1]["content"] and body[0]["prompt"] == ids
+    r = http.post("/completion", json={"prompt": [ids, {"prompt_string": "hi"}],
+                                       "n_predict": 2})
+    assert r.status_code == 200 and len(r.json()) == 2
+    r = http.post("/v1/completions", json={"prompt": ["a", "b", "c"], "max_tokens": 2,
+                                           "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    assert out["usage"]["completion_tokens"] == 6
+    r = http.post("/completion", json={"prompt": [ids, ids], "stream": True})
+    assert r.status_code == 400
+    r = http.post("/completion", json={"prompt": [ids, [300] * 300], "n_predict": 2})
+    assert r.status_code == 400  # every prompt is checked before any is queued
+    assert http.post("/completion", json={"prompt": {"prompt_string": "hi"},
+                                          "n_predict": 2}).status_code == 200
+
+
+def test_logit_bias_keyed_by_text(http, engine):
+    """A key that is text biases each of its tokens (llama-server tokenizes it, no special
+    tokens); ids, as numbers or numeric strings, are ids."""
+    from pyggspec.serving.http.protocol import parse_sampling
+
+    tok = engine.tokenizer
+    ids = tok.tokenize(" the book ", add_special=False, parse_special=False)
+    p = parse_sampling({"logit_bias": [[" the book ", -100], [5, 1.0]]}, SAMPLING,
+                       engine.n_vocab, lambda t: tok.tokenize(t, add_special=False,
+                                                              parse_special=False))
+    assert p.logit_bias == tuple((t, -100.0) for t in ids) + ((5, 1.0),)
+    p = parse_sampling({"logit_bias": {" the book ": False, "7": 2}}, SAMPLING,
+                       engine.n_vocab, lambda t: tok.tokenize(t, add_special=False,
+                                                              parse_special=False))
+    assert p.logit_bias == tuple((t, float("-inf")) for t in ids) + ((7, 2.0),)
+    r = http.post("/completion", json={"prompt": "What is the best book", "n_predict": 4,
+                                       "logit_bias": {" the book ": -100}})
+    assert r.status_code == 200, r.text
+    assert http.post("/completion", json={"prompt": "x", "logit_bias": [["a", "b"]]}
+                     ).status_code == 400
+
+
+def test_ignore_eos_lists_the_eog_biases(http, engine):
+    """llama-server's ignore_eos adds a -inf bias (JSON null) per end-of-generation token
+    to generation_settings.logit_bias; without it the list is the request's own."""
+    r = http.post("/completion", json={"prompt": "x", "n_predict": 2, "ignore_eos": True})
+    bias = r.json()["generation_settings"]["logit_bias"]
+    assert sorted(b["token"] for b in bias) == sorted(engine.tokenizer.eog_ids())
+    assert bias and all(b["bias"] is None for b in bias)
+    r = http.post("/completion", json={"prompt": "x", "n_predict": 2})
+    assert r.json()["generation_settings"]["logit_bias"] == []

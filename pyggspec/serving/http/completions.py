@@ -25,9 +25,10 @@ from pyggspec.serving.http.chat_run import ChatRun, plan_for
 from pyggspec.serving.http.protocol import (
     ApiError,
     get_bool,
+    invalid,
     parse_gen,
     parse_messages,
-    parse_prompt,
+    parse_prompts,
     read_body,
 )
 from pyggspec.serving.http.state import ServerState
@@ -103,6 +104,29 @@ def install(app: FastAPI, state: ServerState) -> None:
                                                    gen.return_tokens, state.n_ctx)
         return out
 
+    async def several(request: Request, body: Any, prompts: list[list[Any]], gen: Any,
+                      t_start: float) -> list[Result]:
+        """Several prompts in one request (llama-server answers each): one scheduler
+        request each, all checked before any is queued, results in prompt order. Not
+        streamed (one stream per request here)."""
+        if gen.stream:
+            raise invalid("several prompts in one request cannot be streamed; send one "
+                          "per request", "prompt")
+        all_ids = await asyncio.to_thread(lambda: [state.tokenize_prompt(p) for p in prompts])
+        for ids in all_ids:
+            state.check_context(ids, gen)
+        rid, cache_prompt = oa.new_id("cmpl"), get_bool(body, "cache_prompt", True)
+        handles: list[Any] = []
+        try:
+            for i, ids in enumerate(all_ids):
+                handles.append(await state.submit(ids, gen, f"{rid}-{i}", cache_prompt))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return list(await asyncio.gather(*(run_to_end(state, request, h, t_start)
+                                           for h in handles)))
+
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -111,7 +135,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         model = state.model_name(body)
         messages = parse_messages(body)
         chat = parse_chat_request(body, messages, cfg, state.template)
-        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="chat")
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="chat",
+                        tokenize=state.text_ids)
 
         def prepare() -> tuple[ChatPrompt, list[int]]:
             # template and tokenizer off the event loop: a long conversation must not stall
@@ -185,11 +210,25 @@ def install(app: FastAPI, state: ServerState) -> None:
         t_start = time.perf_counter()
         body = await read_body(request)
         model = state.model_name(body)
-        parts = parse_prompt(body, state.n_vocab)
-        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="completions")
+        prompts = parse_prompts(body, state.n_vocab)
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="completions",
+                        tokenize=state.text_ids)
         if body.get("suffix") is not None:
             raise ApiError(400, "'suffix' (infill) is not supported by pyggspec serve",
                            param="suffix", type="not_supported_error")
+        if len(prompts) > 1:  # OpenAI: one choice per prompt
+            results = await several(request, body, prompts, gen, t_start)
+            rid, created = oa.new_id("cmpl"), oa.now()
+            outs = [oa.completion_response(
+                rid, created, model, r,
+                state.tokenizer.detokenize(r.prompt_tokens) if gen.echo else "",
+                probs(gen, r.logprobs)) for r in results]
+            out = outs[0]
+            out["choices"] = [dict(o["choices"][0], index=i) for i, o in enumerate(outs)]
+            for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+                out["usage"][k] = sum(o["usage"][k] for o in outs)
+            return JSONResponse(out)
+        parts = prompts[0]
         ids = await asyncio.to_thread(state.tokenize_prompt, parts)
         state.check_context(ids, gen)
         prefix = state.tokenizer.detokenize(ids) if gen.echo else ""
@@ -229,11 +268,19 @@ def install(app: FastAPI, state: ServerState) -> None:
         t_start = time.perf_counter()
         body = await read_body(request)
         model = state.model_name(body)
-        parts = parse_prompt(body, state.n_vocab)
-        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
-        ids = await asyncio.to_thread(state.tokenize_prompt, parts)
-        state.check_context(ids, gen)
+        prompts = parse_prompts(body, state.n_vocab)
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict,
+                        tokenize=state.text_ids)
         settings = state.settings(gen)
+        if len(prompts) > 1:  # llama-server: an array of results, one per prompt
+            results = await several(request, body, prompts, gen, t_start)
+            return JSONResponse([
+                dict(oa.llama_completion(model, r, settings, body["prompt"][i],
+                                         gen.return_tokens, state.n_ctx,
+                                         logprob_objects(state, gen, r.logprobs)), index=i)
+                for i, r in enumerate(results)])
+        ids = await asyncio.to_thread(state.tokenize_prompt, prompts[0])
+        state.check_context(ids, gen)
         prompt_echo = body.get("prompt")
         handle = await state.submit(ids, gen, oa.new_id("cmpl"),
                                     get_bool(body, "cache_prompt", True))

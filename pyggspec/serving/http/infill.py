@@ -135,7 +135,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         body = await read_body(request)
         extra = _check(body, state.n_vocab)
         model = state.model_name(body)
-        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict)
+        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict,
+                        tokenize=state.text_ids)
         n_predict = -1 if cfg.n_predict is None else cfg.n_predict
 
         def build() -> tuple[list[int], str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -218,12 +218,15 @@ def ollama_model_entry(model_id: str) -> dict[str, Any]:
 
 
 def generation_settings(gen: GenParams, *, n_ctx: int, model_id: str, speculative: bool,
-                        n_max: int, backend_sampling: bool) -> dict[str, Any]:
+                        n_max: int, backend_sampling: bool,
+                        eog: Sequence[int] = ()) -> dict[str, Any]:
     """llama-server's ``generation_settings`` (the values a request runs with): its fields
     in its order, then pyggspec's. Samplers pyggspec does not implement (dynatemp,
     top-n-sigma, XTC, DRY, mirostat, adaptive-p) are reported in llama.cpp's disabled
     state, which is the state they run in here. ``speculative``: whether the server
-    speculates at all; the request may turn it off."""
+    speculates at all; the request may turn it off. ``eog``: the end-of-generation ids,
+    listed with a -inf bias (JSON null) when the request ignores EOS, as llama-server's
+    ``ignore_eos`` adds them to the sampler's biases."""
     s = gen.sampling
     n_predict = -1 if gen.max_tokens is None else gen.max_tokens
     spec = speculative if gen.speculative is None else gen.speculative and speculative
@@ -243,7 +246,8 @@ def generation_settings(gen: GenParams, *, n_ctx: int, model_id: str, speculativ
         # llama-server's {"bias", "token"} objects; a ban (-inf) as false, the value a
         # request bans a token with (JSON has no -inf)
         "logit_bias": [{"bias": b if math.isfinite(b) else False, "token": t}
-                       for t, b in s.logit_bias],
+                       for t, b in s.logit_bias]
+        + ([{"bias": None, "token": t} for t in eog] if gen.ignore_eos else []),
         "n_probs": gen.n_probs or 0, "min_keep": 0,
         "grammar": gen.grammar.text if gen.grammar and gen.grammar.kind == "gbnf" else "",
         "grammar_lazy": False,

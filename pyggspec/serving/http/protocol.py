@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,9 +164,10 @@ def get_str(body: Mapping[str, Any], key: str, default: str | None) -> str | Non
 
 
 # ---------------------------------------------------------------------------- sampling
-def parse_sampling(body: Mapping[str, Any], defaults: SamplingParams,
-                   n_vocab: int) -> SamplingParams:
-    """The request's sampler settings over the server's defaults (``--temp`` etc.)."""
+def parse_sampling(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
+                   tokenize: Callable[[str], list[int]] | None = None) -> SamplingParams:
+    """The request's sampler settings over the server's defaults (``--temp`` etc.);
+    ``tokenize`` (text -> ids, no special tokens) reads ``logit_bias`` keyed by text."""
     ch: dict[str, Any] = {}
     for key, name in (("temperature", "temp"), ("top_p", "top_p"), ("min_p", "min_p"),
                       ("typical_p", "typical_p"), ("repeat_penalty", "repeat_penalty"),
@@ -191,7 +192,7 @@ def parse_sampling(body: Mapping[str, Any], defaults: SamplingParams,
     if body.get("samplers") is not None:
         ch["samplers"] = _samplers(body["samplers"])
     if body.get("logit_bias") is not None:
-        ch["logit_bias"] = _logit_bias(body["logit_bias"], n_vocab)
+        ch["logit_bias"] = _logit_bias(body["logit_bias"], n_vocab, tokenize)
     try:
         params = dataclasses.replace(defaults, **ch)
         params.check_vocab(n_vocab)
@@ -223,8 +224,11 @@ def _bias_value(v: Any) -> float:
     return float(v)
 
 
-def _logit_bias(v: Any, n_vocab: int) -> tuple[tuple[int, float], ...]:
-    """OpenAI's ``{"token_id": bias}`` or llama-server's ``[[token_id, bias], ...]``."""
+def _logit_bias(v: Any, n_vocab: int, tokenize: Callable[[str], list[int]] | None = None
+                ) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token_id": bias}`` or llama-server's ``[[token_id, bias], ...]``; a
+    key that is text, not an id (``[" the ", -100]``, ``{"hello": 5}``), biases each of its
+    tokens (llama-server tokenizes it without special tokens), given ``tokenize``."""
     out: list[tuple[int, float]] = []
     if isinstance(v, dict):
         items = list(v.items())
@@ -238,22 +242,34 @@ def _logit_bias(v: Any, n_vocab: int) -> tuple[tuple[int, float], ...]:
     else:
         raise invalid(f"'logit_bias' must be an object or an array, got {_kind(v)}",
                       "logit_bias")
-    for tok, bias in items:
-        if isinstance(tok, str):
+    for key, bias in items:
+        toks: list[Any] = [key]
+        if isinstance(key, str):
             try:
-                tok = int(tok)
+                toks = [int(key)]
             except ValueError:
-                raise invalid(f"'logit_bias' keys are token ids, got {tok!r}",
-                              "logit_bias") from None
-        if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < n_vocab:
+                if tokenize is None:
+                    raise invalid(f"'logit_bias' keys are token ids, got {key!r}",
+                                  "logit_bias") from None
+                toks = tokenize(key)
+        for tok in toks:
+            out.append((_bias_token(tok, n_vocab), _finite_bias(bias)))
+    return tuple(out)
+
+
+def _bias_token(tok: Any, n_vocab: int) -> int:
+    if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < n_vocab:
             raise invalid(f"'logit_bias' token {tok!r} is not an id in 0..{n_vocab - 1}",
                           "logit_bias")
-        b = _bias_value(bias)
-        if b == math.inf:
-            raise invalid("'logit_bias' values must be finite (or false to ban a token)",
-                          "logit_bias")
-        out.append((tok, b))
-    return tuple(out)
+    return tok
+
+
+def _finite_bias(bias: Any) -> float:
+    b = _bias_value(bias)
+    if b == math.inf:
+        raise invalid("'logit_bias' values must be finite (or false to ban a token)",
+                      "logit_bias")
+    return b
 
 
 # ---------------------------------------------------------------------------- generation
@@ -378,10 +394,11 @@ def check_known_fields(body: Mapping[str, Any]) -> None:
 
 
 def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
-              default_max_tokens: int | None, api: str = "llama") -> GenParams:
+              default_max_tokens: int | None, api: str = "llama",
+              tokenize: Callable[[str], list[int]] | None = None) -> GenParams:
     """Everything but the prompt: sampling, limits, stop strings, streaming, logprobs
     (``api``: ``"chat"``, ``"completions"`` or ``"llama"``, see :func:`parse_logprobs`),
-    extensions."""
+    extensions. ``tokenize``: text -> ids for ``logit_bias`` keyed by text."""
     n = get_int(body, "n", 1)
     if n < 1 or n > MAX_CHOICES:
         raise invalid(f"'n' must be between 1 and {MAX_CHOICES}, got {n}", "n")
@@ -407,7 +424,7 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
         raise invalid(f"'speculative.n_max' must be >= 0, got {n_draft}", "speculative.n_max")
     return GenParams(
         n_draft_max=n_draft,
-        sampling=parse_sampling(body, defaults, n_vocab),
+        sampling=parse_sampling(body, defaults, n_vocab, tokenize),
         max_tokens=parse_max_tokens(body, default_max_tokens),
         stop=parse_stop(body),
         ignore_eos=get_bool(body, "ignore_eos", False),
@@ -475,20 +492,52 @@ def _schema_spec(schema: Any, key: str) -> GrammarSpec:
 
 
 # ---------------------------------------------------------------------------- prompts
-def parse_prompt(body: Mapping[str, Any], n_vocab: int, key: str = "prompt") -> list[Any]:
-    """llama-server's prompt shapes, flattened to one prompt: a string, token ids, or a mix
-    (``[12, "text", 34]``); several prompts in one request are refused (one result each)."""
+MAX_PROMPTS = 16  # prompts in one request (each is a request of its own to the scheduler)
+
+
+def _is_id(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_prompts(body: Mapping[str, Any], n_vocab: int, key: str = "prompt"
+                  ) -> list[list[Any]]:
+    """llama-server's prompt shapes (``tokenize_input_prompts``): one prompt, or an array
+    without token ids at its top level holding several; each is a string, token ids, a mix
+    (``[12, "text", 34]``) or ``{"prompt_string": TEXT}`` (``multimodal_data`` there is a
+    400: no multimodal input). Each prompt comes back as its parts (text and ids)."""
     if key not in body or body[key] is None:
         raise invalid(f"'{key}' is required", key)
     p = body[key]
+    if isinstance(p, list) and not any(_is_id(x) for x in p):
+        if not p:
+            raise invalid(f"'{key}' is empty", key)
+        if len(p) > MAX_PROMPTS:
+            raise invalid(f"'{key}' holds {len(p)} prompts; at most {MAX_PROMPTS} per "
+                          "request", key)
+        return [_one_prompt(x, n_vocab, key) for x in p]
+    return [_one_prompt(p, n_vocab, key)]
+
+
+def parse_prompt(body: Mapping[str, Any], n_vocab: int, key: str = "prompt") -> list[Any]:
+    """One prompt (:func:`parse_prompts` holding several is a 400)."""
+    prompts = parse_prompts(body, n_vocab, key)
+    if len(prompts) > 1:
+        raise invalid(f"'{key}' holds several prompts; this endpoint takes one", key)
+    return prompts[0]
+
+
+def _one_prompt(p: Any, n_vocab: int, key: str) -> list[Any]:
+    if isinstance(p, dict):
+        if p.get("multimodal_data") is not None:
+            raise ApiError(400, f"'{key}.multimodal_data': multimodal input is not supported "
+                           "(Qwen3.5 text models only)", param=key, type="not_supported_error")
+        text = p.get("prompt_string")
+        if not isinstance(text, str):
+            raise invalid(f"'{key}' as an object needs 'prompt_string' (a string)", key)
+        p = text
     if isinstance(p, str):
         return [p]
     if isinstance(p, list):
-        if len(p) == 1 and isinstance(p[0], (list, str)):
-            p = p[0] if isinstance(p[0], list) else [p[0]]
-        if any(isinstance(x, list) for x in p) or (len(p) > 1 and all(isinstance(x, str)
-                                                                       for x in p)):
-            raise invalid(f"'{key}' holds several prompts; send one per request", key)
         out: list[Any] = []
         for x in p:
             if isinstance(x, str):
@@ -499,7 +548,8 @@ def parse_prompt(body: Mapping[str, Any], n_vocab: int, key: str = "prompt") -> 
                                   f"(0..{n_vocab - 1})", key)
                 out.append(x)
             else:
-                raise invalid(f"'{key}' must be a string, token ids, or a mix of both", key)
+                raise invalid(f"'{key}' must be a string, token ids, a mix of both, or an "
+                              "array of such prompts", key)
         if not out:
             raise invalid(f"'{key}' is empty", key)
         return out

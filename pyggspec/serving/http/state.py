@@ -80,6 +80,7 @@ class ServerState:
         self.n_parallel: int = int(self.engine.n_parallel)
         self.backend_sampling = bool(getattr(self.engine, "backend_sampling", False))
         self.template = ChatTemplate(self.tokenizer, config.chat_template, config.jinja)
+        self._eog: list[int] | None = None
         spec = getattr(self.engine, "spec", None)
         self.speculative = bool(getattr(self.engine, "spec_type", None))
         self.n_max = int(spec.n_max) if spec is not None and self.speculative else 0
@@ -102,6 +103,11 @@ class ServerState:
                 ids.append(int(p))
         return ids
 
+    def text_ids(self, text: str) -> list[int]:
+        """``text``'s tokens without special tokens (``logit_bias`` keyed by text, as
+        llama-server's ``common_tokenize(vocab, text, false)``)."""
+        return self.tokenizer.tokenize(text, add_special=False, parse_special=False)
+
     def check_context(self, ids: list[int], gen: GenParams) -> None:
         """The engine's emit rule: the prompt fits and leaves room for one token when any
         is asked for (llama-server's exceed_context_size_error otherwise)."""
@@ -121,7 +127,14 @@ class ServerState:
         """llama-server's ``generation_settings`` for ``gen`` on this server."""
         return oa.generation_settings(gen, n_ctx=self.n_ctx, model_id=self.config.model_id,
                                       speculative=self.speculative, n_max=self.n_max,
-                                      backend_sampling=self.backend_sampling)
+                                      backend_sampling=self.backend_sampling,
+                                      eog=self.eog_ids() if gen.ignore_eos else ())
+
+    def eog_ids(self) -> list[int]:
+        """The vocabulary's end-of-generation ids (one pass over it, then kept)."""
+        if self._eog is None:
+            self._eog = self.tokenizer.eog_ids()
+        return self._eog
 
     # --- submitting and finishing ----------------------------------------------------------
     async def submit(self, ids: list[int], gen: GenParams, rid: str,
