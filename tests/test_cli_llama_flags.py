@@ -529,3 +529,11 @@ def test_threads_from_llama_arg_threads(built, monkeypatch):
     for command in COMMANDS:
         assert built(command)[1].n_threads == 3
         assert built(command, "-t", "2")[1].n_threads == 2
+
+
+def test_long_flags_with_underscores_are_read_as_dashes(built):
+    """llama.cpp's parser replaces '_' by '-' in a long flag (its server tests start
+    llama-server with --backend_sampling); values keep theirs."""
+    r, config = built("serve", "--backend_sampling", "--ctx_size=512", "--alias", "a_b")
+    assert r.exit_code != 2 and config is not None, r.output
+    assert config.backend_sampling and config.n_ctx == 512

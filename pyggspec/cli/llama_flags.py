@@ -364,11 +364,21 @@ def _option(command: str, i: int, flag: LlamaFlag) -> Callable[[F], F]:
 
 
 class LlamaCommand(click.Command):
-    """A click command that remembers its raw arguments (to name the spelling a user gave)."""
+    """A click command that remembers its raw arguments (to name the spelling a user gave)
+    and reads a long flag's underscores as dashes, as llama.cpp's parser does
+    (``--backend_sampling`` is ``--backend-sampling``; values are left as given)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        args = [_dashes(a) for a in args]
         ctx.meta["pyggspec.raw_args"] = tuple(args)
         return super().parse_args(ctx, args)
+
+
+def _dashes(arg: str) -> str:
+    if not arg.startswith("--") or arg == "--":
+        return arg
+    name, eq, value = arg.partition("=")
+    return name.replace("_", "-") + eq + value
 
 
 def llama_flags(command: str) -> Callable[[F], F]:
