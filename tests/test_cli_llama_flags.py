@@ -58,6 +58,31 @@ def built(monkeypatch):
     return invoke
 
 
+@pytest.fixture
+def server_config(monkeypatch):
+    """Run ``pyggspec serve`` flags up to the HTTP app: returns the ServerConfig it got."""
+    import contextlib
+
+    import pyggspec.serving.server as server_mod
+
+    seen = {}
+
+    def create_app(engine, config, **kw):
+        seen["config"] = config
+        raise Built
+
+    monkeypatch.setattr(serve_mod, "engine_from_config",
+                        lambda path, config: contextlib.nullcontext())
+    monkeypatch.setattr(server_mod, "create_app", create_app)
+
+    def config(*flags: str):
+        seen.clear()
+        CliRunner().invoke(main, ["serve", "-m", "x.gguf", *flags])
+        return seen["config"]
+
+    return config
+
+
 def _declared(command: str) -> set[str]:
     cmd = main.commands[command]
     return {o for p in cmd.get_params(click.Context(cmd, **cmd.context_settings)) if isinstance(p, click.Option)
@@ -287,34 +312,9 @@ def test_ctx_zero_is_the_training_context(built):
         EngineConfig(n_ctx=-1)
 
 
-def test_serve_n_predict_minus_two_is_until_the_context_is_full(built, monkeypatch):
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    class Engine:
-        n_ctx = 64
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-    def create_app(engine, config, max_queue):
-        seen["config"] = config
-        raise Stop
-
-    from pyggspec.serving import server
-
-    monkeypatch.setattr(serve_mod, "engine_from_config", lambda p, c: Engine())
-    monkeypatch.setattr(server, "create_app", create_app)
+def test_serve_n_predict_minus_two_is_until_the_context_is_full(server_config):
     for n, want in (("-2", None), ("-1", None), ("5", 5)):
-        r = CliRunner().invoke(main, ["serve", "-m", "x.gguf", "-n", n])
-        assert "Stop" in r.output and seen["config"].n_predict == want
-    r = CliRunner().invoke(main, ["serve", "-m", "x.gguf", "-n", "-3"])
-    assert r.exit_code == 2
+        assert server_config("-n", n).n_predict == want
 
 
 @pytest.fixture(scope="module")
@@ -364,28 +364,10 @@ def test_chat_template_names_and_text():
     assert serve_mod._chat_template("chatml", None, jinja=False) == "chatml"
 
 
-def test_metrics_verbose_prefill_reach_the_server(monkeypatch):
+def test_metrics_verbose_prefill_reach_the_server(server_config):
     """--metrics (off by default: /metrics is a 501, as llama-server), -v/--verbose
     (__verbose in answers) and --no-prefill-assistant reach the ServerConfig."""
-    import contextlib
-
-    import pyggspec.serving.server as server_mod
-
-    seen = {}
-
-    def create_app(engine, config, **kw):
-        seen["config"] = config
-        raise Built
-
-    monkeypatch.setattr(serve_mod, "engine_from_config",
-                        lambda path, config: contextlib.nullcontext())
-    monkeypatch.setattr(server_mod, "create_app", create_app)
-
-    def config(*flags):
-        seen.clear()
-        CliRunner().invoke(main, ["serve", "-m", "x.gguf", *NEEDS["serve"], *flags])
-        return seen["config"]
-
+    config = server_config
     c = config()
     assert (c.endpoint_metrics, c.verbose, c.prefill_assistant) == (False, False, True)
     c = config("--metrics", "--verbose", "--no-prefill-assistant")
@@ -466,39 +448,15 @@ def test_serve_ctx_is_split_over_slots_as_llama_server(built, tiny):
     assert r.exit_code == 2 and "cannot be split over 4 slots" in r.output
 
 
-def test_serve_aliases_tags_and_slots_flags(monkeypatch):
+def test_serve_aliases_tags_and_slots_flags(server_config):
     """-a A,B,C (sorted, the first names the model), --tags, --no-slots reach the server's
     config (llama-server: /v1/models lists aliases and tags, /slots answers 501)."""
-    from pyggspec.serving import server
-
-    seen = {}
-
-    class Stop(Exception):
-        pass
-
-    class Engine:
-        n_ctx = 64
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            return False
-
-    def create_app(engine, config, max_queue):
-        seen["config"] = config
-        raise Stop
-
-    monkeypatch.setattr(serve_mod, "engine_from_config", lambda p, c: Engine())
-    monkeypatch.setattr(server, "create_app", create_app)
-    CliRunner().invoke(main, ["serve", "-m", "x.gguf", "-a", "tinyllama-2, fim,code,",
-                              "--tags", "chat,fim,small", "--no-slots"])
-    c = seen["config"]
+    c = server_config("-a", "tinyllama-2, fim,code,", "--tags", "chat,fim,small", "--no-slots")
     assert (c.model_id, c.aliases, c.tags) == ("code", ("code", "fim", "tinyllama-2"),
                                                ("chat", "fim", "small"))
     assert c.endpoint_slots is False
-    CliRunner().invoke(main, ["serve", "-m", "x.gguf", "--slots"])
-    assert seen["config"].endpoint_slots and seen["config"].model_id == "x.gguf"
+    c = server_config("--slots")
+    assert c.endpoint_slots and c.model_id == "x.gguf"
 
 
 def test_serve_listens_on_every_host():
