@@ -344,3 +344,18 @@ def test_system_fingerprint_has_llama_servers_form(http):
     assert r["system_fingerprint"].startswith("b")
     chunks = _stream(http, "/v1/completions", {"prompt": "x", "max_tokens": 2})
     assert all(c["system_fingerprint"].startswith("b") for c in chunks if isinstance(c, dict))
+
+
+def test_id_slot_pins_the_request_to_that_slot(http):
+    """llama-server's id_slot: the request runs on that slot (its answer says so); -1 means
+    any; an id the server does not have, or below -1, is a 400 naming the field."""
+    for slot in (1, 0, 1):
+        r = http.post("/completion", json={"prompt": "hello", "n_predict": 2, "id_slot": slot})
+        assert r.status_code == 200 and r.json()["id_slot"] == slot
+    r = http.post("/completion", json={"prompt": "hello", "n_predict": 2, "id_slot": -1})
+    assert r.status_code == 200 and r.json()["id_slot"] in (0, 1)
+    r = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2, "id_slot": 1})
+    assert r.status_code == 200
+    for bad in (2, -2):
+        r = http.post("/completion", json={"prompt": "hello", "n_predict": 2, "id_slot": bad})
+        assert r.status_code == 400 and "id_slot" in r.json()["error"]["message"]

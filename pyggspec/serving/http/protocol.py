@@ -291,6 +291,7 @@ class GenParams:
     post_sampling_probs: bool = False  # from the sampler chain's distribution, as probs
     grammar: GrammarSpec | None = None  # grammar / json_schema / response_format
     n: int = 1  # choices (chat, not streamed): n requests over the same prompt
+    slot: int | None = None  # llama-server's id_slot: run on this slot (None: any)
 
 
 MAX_STOP = 16
@@ -422,7 +423,11 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
     n_draft = get_int(body, "speculative.n_max", None)
     if n_draft is not None and n_draft < 0:
         raise invalid(f"'speculative.n_max' must be >= 0, got {n_draft}", "speculative.n_max")
+    slot = get_int(body, "id_slot", None, lo=None, hi=None)
+    if slot is not None and slot < -1:
+        raise invalid(f"'id_slot' must be -1 (any slot) or a slot id, got {slot}", "id_slot")
     return GenParams(
+        slot=None if slot is None or slot == -1 else slot,
         n_draft_max=n_draft,
         sampling=parse_sampling(body, defaults, n_vocab, tokenize),
         max_tokens=parse_max_tokens(body, default_max_tokens),

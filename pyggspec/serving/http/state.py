@@ -141,6 +141,9 @@ class ServerState:
                      cache_prompt: bool = True) -> RequestHandle:
         """Queue the request (off the event loop: submit may wait for the scheduler's lock
         while a step runs); scheduler refusals become HTTP errors."""
+        if gen.slot is not None and gen.slot >= self.n_parallel:
+            raise invalid(f"'id_slot' must be -1 (any slot) or 0..{self.n_parallel - 1}, "
+                          f"got {gen.slot}", "id_slot")
         if gen.n_draft_max is not None and gen.n_draft_max > self.n_max:
             raise invalid(f"'speculative.n_max' must be at most the server's "
                           f"--spec-draft-n-max ({self.n_max}), got {gen.n_draft_max}",
@@ -149,7 +152,7 @@ class ServerState:
                          stop=gen.stop, ignore_eos=gen.ignore_eos, speculative=gen.speculative,
                          n_draft_max=gen.n_draft_max, cache_prompt=cache_prompt, id=rid,
                          logprobs=gen.n_probs, post_sampling_probs=gen.post_sampling_probs,
-                         grammar=gen.grammar)
+                         grammar=gen.grammar, slot=gen.slot)
         try:
             return await asyncio.to_thread(self.scheduler.submit, req)
         except RequestError as e:
