@@ -148,18 +148,24 @@ class Worker:
                     so.grammar_end = 0
                 so.tokens.append(t)
 
-    def _plain(self, items: list[DecodeItem], out: StepOutput) -> None:
+    def _plain(self, items: list[DecodeItem], out: StepOutput, carry: bool = False) -> None:
         """One token for every sequence in one ubatch (B x 1); the host arrays of each
         batch size are kept, so a step writes B ids, positions and state rows. A sequence
         that wants log-probabilities needs the logits: the batch then samples on the host
-        (the same tokens; llama-server turns backend sampling off for such a request)."""
+        (the same tokens; llama-server turns backend sampling off for such a request).
+
+        ``carry``: a speculative step in which no sequence drafts (the budget declined):
+        the target's hidden rows come back and become the speculating sequences' owed MTP
+        pairs. Nothing can be rejected, so the recurrent state is written in place, as in
+        plain decoding, and none of the verify step's per-step arrays are made."""
         B = len(items)
-        ub = self._plain_ubs.get(B)
+        ub = self._plain_ubs.get((B, carry))
         if ub is None:
             rows = np.zeros(B, np.int32)
-            ub = self._plain_ubs[B] = UBatch(np.zeros((B, 1), np.int32), np.zeros(B, np.int64),
-                                             (), np.arange(B, dtype=np.int32), state_src=rows,
-                                             state_dst=rows[None, :])
+            ub = self._plain_ubs[(B, carry)] = UBatch(
+                np.zeros((B, 1), np.int32), np.zeros(B, np.int64), (),
+                np.arange(B, dtype=np.int32), hidden=carry, state_src=rows,
+                state_dst=rows[None, :])
         tok, pos0, src = ub.tokens, ub.pos0, ub.state_src
         mem, samplers = self.memory, self.samplers
         for b, it in enumerate(items):
@@ -171,10 +177,13 @@ class Worker:
         ub.sampling = plan = 0 if want else samplers.plan_id(B, 1, ub.slots)
         ub.rows = samplers.rows([(it.slot, ()) for it in items]) if plan else None
         res = self.target.run(ub, copy=False)
+        after = self.drafter.after_verify if carry else None
         for b, it in enumerate(items):
             mem.commit(it.slot, (it.pending,))
             t = int(res.ids[b]) if res.ids is not None else samplers.choose(it.slot, res.logits[b])
-            so = out.seqs[it.slot] = SeqOutput([t], target_evals=1)
+            so = out.seqs[it.slot] = SeqOutput([t], spec=carry and it.spec, target_evals=1)
+            if after is not None and it.spec:
+                after(it.slot, [it.pending], res.hidden[b: b + 1])
             if it.logprobs is not None:
                 so.logprobs = [self._logprob(it.slot, it.logprobs, res.logits[b], t)]
             if not it.is_stop(t) and samplers.accept(it.slot, t):
@@ -185,6 +194,11 @@ class Worker:
         """Draft -> verify -> accept -> commit for every sequence, in one batch each."""
         t_step = time.perf_counter()
         caps, budget, drafting = self._draft_lengths(items)
+        if budget and not drafting:  # the budget declined for the whole batch
+            self._plain(items, out, carry=True)
+            self.policy.observe_step(len(items), 1, (time.perf_counter() - t_step) * 1000,
+                                     len(items), 0)
+            return
         drafts, n_mtp = self._draft(items, caps, drafting)
         dtoks = [drafts[it.slot].tokens if it.slot in drafts else [] for it in items]
         qs = {it.slot: drafts[it.slot].q for it in items

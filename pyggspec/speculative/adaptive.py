@@ -10,7 +10,8 @@ is a fixed length (``--spec-draft-n-max`` is only the cap):
   nothing, the step drafts nothing and the MTP head rests (its owed pairs are written
   later in one batch); after ``idle_explore_every`` declined steps one drafts anyway, so
   a change in the content is noticed -- the wait doubling (to ``IDLE_EXPLORE_MAX``) each
-  time it finds drafting still loses, as each such step costs what drafting loses; the
+  time it finds drafting still loses, and never shorter than what keeps such steps below
+  ``explore_share`` of the time (each costs what drafting is predicted to lose); the
   first step at each batch size drafts nothing, so what it is compared with -- plain
   decoding at this batch size -- is measured, not estimated;
 * **which drafts to verify** (:meth:`DraftBudget.decide`, the drafter's gate after every
@@ -48,6 +49,7 @@ IDLE_EXPLORE_MAX = 512  # most declined steps between two that draft anyway
 RATE_DECAY = 0.95  # weight of the old average in the realized rate (about 20 steps)
 RECENT = 9  # observations per shape whose median is its cost
 PLAIN_PROBES = 2  # plain steps measured at a batch size before drafting there
+EXPLORE_SHARE = 0.01  # most of the time exploring steps may lose while the budget declines
 
 
 @dataclass
@@ -122,7 +124,7 @@ class DraftBudget:
 
     def __init__(self, n_max: int, costs: CostModel, pad: Callable[[int, int], int],
                  acceptance: AcceptanceModel | None = None, explore_every: int = 8,
-                 idle_explore_every: int = 32) -> None:
+                 idle_explore_every: int = 32, explore_share: float = EXPLORE_SHARE) -> None:
         self.n_max = n_max
         self.costs = costs
         self.pad = pad  # rows the verify graph really runs for (T, B)
@@ -132,6 +134,7 @@ class DraftBudget:
         # drafting still does not pay (up to IDLE_EXPLORE_MAX), reset when it pays again
         self.idle_explore_every = idle_explore_every
         self._idle_next = idle_explore_every
+        self.explore_share = explore_share  # 0: waits are idle_explore_every, doubled
         self.forced = False  # draft to the cap, keep everything (startup calibration)
         self.chosen: list[int] = [0] * (n_max + 1)  # verify steps by drafts kept (the batch's)
         self.declined = 0  # steps that drafted nothing because drafting could not pay
@@ -218,27 +221,35 @@ class DraftBudget:
             # so high that the budget drafted on where every fixed length lost
             self.plain_probes += 1
             return 0
-        if not self._pays(B, limit, caps, regimes):
+        loss = self._loss(B, limit, caps, regimes)
+        if loss > 0:
             self._n_idle += 1
-            if not self.idle_explore_every or self._n_idle < self._idle_next:
+            if not self.idle_explore_every or self._n_idle < self._explore_wait(B, loss):
                 self.declined += 1
                 return 0
             self._n_idle = 0  # explore this step; if drafting still loses, wait longer
             self._idle_next = min(2 * self._idle_next, IDLE_EXPLORE_MAX)
-        else:
-            self._idle_next = self.idle_explore_every
+            # and verify at least one draft: a step whose drafts the gate drops after the
+            # MTP runs pays for them and measures nothing
+            self._explore = True
+            return limit
+        self._idle_next = self.idle_explore_every
         self._n_drafting += 1
         self._explore = bool(self.explore_every) and self._n_drafting % self.explore_every == 0
         return limit
 
-    def _pays(self, B: int, limit: int, caps: Sequence[int], regimes: Sequence[str]) -> bool:
+    def _loss(self, B: int, limit: int, caps: Sequence[int], regimes: Sequence[str]) -> float:
+        """Milliseconds the best draft length is predicted to lose against plain decoding
+        of the tokens it yields (the head's mean acceptance per position); 0 when some
+        length pays or a cost is unknown (then draft, and measure)."""
         plain = self.plain_rate(B)
         if plain is None:
-            return True  # nothing measured: draft (and measure)
+            return 0.0
+        loss = float("inf")
         for k in range(1, limit + 1):
             cost = self.step_cost(B, k + 1)
             if cost is None:
-                return True
+                return 0.0
             tokens = B
             for r, c in zip(regimes, caps):
                 p = 1.0
@@ -247,8 +258,20 @@ class DraftBudget:
                     p *= 1.0 if m is None else m  # unseen: optimistic, so it gets measured
                     tokens += p
             if tokens / cost > plain:
-                return True
-        return False
+                return 0.0
+            loss = min(loss, cost - tokens / plain)
+        return loss
+
+    def _explore_wait(self, B: int, loss: float) -> float:
+        """Declined steps before one drafts anyway: the backed-off wait, and at least as
+        many as keep exploring below ``explore_share`` of the time (on the benchmark CPU a
+        losing three-draft step costs ~16 ms more than plain steps for its tokens: at
+        32-step waits that was ~2% of a 128-token request)."""
+        wait = float(self._idle_next)
+        plain = self.step_cost(B, 1)
+        if self.explore_share > 0 and plain:
+            wait = max(wait, min(loss / (self.explore_share * plain), IDLE_EXPLORE_MAX))
+        return wait
 
     def decide(self, j: int, slots: Sequence[int], confs: Sequence[float],
                ) -> list[tuple[bool, bool]]:
