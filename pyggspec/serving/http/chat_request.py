@@ -13,10 +13,11 @@ on|off|auto`` (the template's ``enable_thinking``; ``auto``: on when the templat
 Tools are OpenAI's ``tools[]`` (``{"type": "function", "function": {"name", "description",
 "parameters"}}``), rendered by the template; ``tool_choice`` is ``auto``, ``none`` (tools are
 still shown to the model, its answer is not parsed for calls, as llama-server), ``required``,
-or ``{"type": "function", "function": {"name": ...}}``. pyggspec has no grammar to hold the
-model to a call, so ``required`` and a named function start the answer's tool call for the
-model: the prompt ends with ``<tool_call>\\n`` (and ``<function=NAME>\\n``) after the thinking
-block, which :mod:`.chat_run` lets the model finish first.
+or ``{"type": "function", "function": {"name": ...}}``. ``required`` and a named function
+start the answer's tool call for the model -- the prompt ends with ``<tool_call>\\n`` (and
+``<function=NAME>\\n``) after the thinking block, which :mod:`.chat_run` lets the model
+finish first -- and a grammar (:mod:`.tool_grammar`) holds the rest to a call of the
+declared tools, as llama-server's does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pyggspec.sampling.grammar import GrammarSpec
 from pyggspec.serving.http.chat import ChatTemplate, parse_template_kwargs
 from pyggspec.serving.http.chat_parse import (
     CALL_OPEN,
@@ -37,6 +39,7 @@ from pyggspec.serving.http.chat_parse import (
     ToolSpec,
 )
 from pyggspec.serving.http.protocol import _kind, get_bool, get_int, get_str, invalid
+from pyggspec.serving.http.tool_grammar import tool_call_grammar
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.http.state import ServerConfig
@@ -245,6 +248,9 @@ class ChatPrompt:
     syntax: ChatSyntax
     thinking_open: bool
     tool_prefix: str
+    # a forced call's grammar: holds the text after the call's start (the prompt's end, or
+    # ``tool_prefix`` once inserted) to a call of the declared tools (:mod:`.tool_grammar`)
+    tool_grammar: GrammarSpec | None = None
 
 
 def template_messages(messages: Sequence[Mapping[str, Any]],
@@ -322,12 +328,14 @@ def render_chat(template: ChatTemplate, req: ChatRequest,
         if parse_tools else None,
         parallel_tool_calls=req.parallel_tool_calls,
         pure_content=skip_chat_parsing)
-    prefix = ""
+    prefix, grammar = "", None
     if parse_tools and req.tool_choice == "required":
         prefix = CALL_OPEN + "\n" + (f"{FUNC_OPEN}{req.tool_name}>\n" if req.tool_name else "")
+        grammar = tool_call_grammar(req.tools, req.tool_name, req.parallel_tool_calls)
         if not thinking_open:  # no thinking first: the prompt starts the call
             text += prefix
             syntax = dataclasses.replace(syntax, generation_prompt=gen_prompt + prefix)
             prefix = ""
-    return ChatPrompt(text=text, syntax=syntax, thinking_open=thinking_open, tool_prefix=prefix)
+    return ChatPrompt(text=text, syntax=syntax, thinking_open=thinking_open, tool_prefix=prefix,
+                      tool_grammar=grammar)
 

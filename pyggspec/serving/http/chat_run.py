@@ -28,6 +28,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from pyggspec.sampling.grammar import GrammarSpec
 from pyggspec.sampling.params import DEFAULT_SEED
 from pyggspec.serving.http.chat_parse import CALL_OPEN, THINK_CLOSE, held_len
 from pyggspec.serving.http.protocol import ApiError, GenParams
@@ -47,6 +48,7 @@ class ThinkingPlan:
     budget: int = -1
     message: str = ""
     tool_prefix: str = ""
+    tool_grammar: GrammarSpec | None = None  # holds the text after an inserted tool_prefix
 
     @property
     def active(self) -> bool:
@@ -57,7 +59,8 @@ def plan_for(prompt: ChatPrompt, budget: int, message: str) -> ThinkingPlan | No
     """The plan for ``prompt``'s answer, None when it is one plain request."""
     if not prompt.thinking_open:
         return None
-    plan = ThinkingPlan(budget=budget, message=message, tool_prefix=prompt.tool_prefix)
+    plan = ThinkingPlan(budget=budget, message=message, tool_prefix=prompt.tool_prefix,
+                        tool_grammar=prompt.tool_grammar if prompt.tool_prefix else None)
     return plan if plan.active else None
 
 
@@ -248,6 +251,8 @@ class ChatRun:
         if gen.grammar is not None and gen.grammar.after:
             # the thinking block is closed now: the rest is the grammar's body alone
             gen.grammar = dataclasses.replace(gen.grammar, after="")
+        if self.plan.tool_grammar is not None and self._bridge.text.endswith(self.plan.tool_prefix):
+            gen.grammar = self.plan.tool_grammar  # the forced call's start is in: hold the rest
         if gen.max_tokens is not None:
             gen.max_tokens -= len(done)
         if (gen.max_tokens is not None and gen.max_tokens <= 0) or len(ids) >= self.state.n_ctx:

@@ -146,6 +146,12 @@ def install(app: FastAPI, state: ServerState) -> None:
 
         prompt, ids = await asyncio.to_thread(prepare)
         state.check_context(ids, gen)
+        if prompt.tool_grammar is not None:
+            if gen.grammar is not None:  # llama-server refuses a grammar with tools too
+                raise invalid("Cannot use custom grammar constraints with a required tool "
+                              "call ('tool_choice')", gen.grammar.field)
+            if not prompt.tool_prefix:  # the prompt holds the call's start: hold the rest
+                gen.grammar = prompt.tool_grammar
         if gen.grammar is not None and gen.grammar.kind == "json_schema" and prompt.thinking_open:
             # the prompt opened a thinking block: the model may think first, then the JSON
             # (llama-server's chat parser allows the reasoning before a response format)
