@@ -18,7 +18,8 @@ SEEDED = SamplingParams(temp=0.9, top_k=20, top_p=0.9, min_p=0.0, seed=5)
 @pytest.fixture(scope="module", params=["dense", "moe"])
 def engines(request, models):
     path = models.get(request.param, dtype="f32", agreement=0.8, tied_embeddings=False)
-    # small ubatches and checkpoint spacing: checkpoints at 4, 8, 12 and each prompt's end
+    # small ubatches and checkpoint spacing: for P1 (14 tokens) checkpoints at 4 (spacing),
+    # then 6 and 10 (4 + n_ubatch and 4 tokens before its end)
     kw = {"n_ctx": 256, "n_parallel": 2, "n_threads": 2, "n_ubatch": 4,
           "ctx_checkpoints": 8, "checkpoint_min_step": 4, "load_tokenizer": False}
     # module-scoped (shared by the module's tests): make_engine is per test, so the two
@@ -43,20 +44,26 @@ def run(e: Engine, prompt, n, sampling, cache=True, slot=0):
 @pytest.mark.parametrize("sampling", [None, SEEDED], ids=["greedy", "seeded"])
 def test_reuse_equals_cold_start(engines, kind, sampling):
     e = engines[kind]
+    e.clear(0)  # not the checkpoints of the module's earlier prompts
     r1 = run(e, P1, 10, sampling)
     assert r1.timings.cache_n == 0
     cases = {
         # the next turn: everything cached continues (no checkpoint needed)
         "continue": (P1 + r1.tokens + [777, 778, 779], len(P1) + len(r1.tokens) - 1),
-        # a different answer after the same prompt: the checkpoint at the prompt's end
-        "checkpoint": (P1 + [901, 902, 903, 904, 905], len(P1)),
-        # diverging inside the prompt: the checkpoint at 8 (spacing 4, ubatch 4)
-        "earlier": (P1[:10] + [903, 904], 8),
+        # a different answer after the same prompt: the checkpoint 4 tokens before its end
+        "checkpoint": (P1 + [901, 902, 903, 904, 905], len(P1) - 4),
+        # the same prompt again (all but its last token shared): the same checkpoint
+        "repeat": (P1, len(P1) - 4),
+        # diverging inside the prompt: the checkpoint 4 + n_ubatch before its end
+        "near end": (P1[:9] + [903, 904], 6),
+        # diverging earlier: the spacing checkpoint at 4
+        "earlier": (P1[:5] + [903, 904], 4),
         # diverging before the first checkpoint: from scratch
         "cold": (P1[:2] + [905, 906, 907], 0),
     }
     for name, (prompt, cached) in cases.items():
-        run(e, P1, 10, sampling)  # the slot holds turn one again
+        e.clear(0)
+        run(e, P1, 10, sampling)  # the slot holds turn one again (and its checkpoints only)
         warm = run(e, prompt, 12, sampling)
         cold = run(e, prompt, 12, sampling, cache=False, slot=1)
         assert warm.tokens == cold.tokens, name
@@ -96,3 +103,28 @@ def test_cache_prompt_off_and_spec_request_after_plain_request(engines):
     assert warm.timings.cache_n < len(P1)  # no checkpoint of the plain request is used
     again = run(e, prompt, 10, None, cache=False)
     assert again.timings.cache_n == 0 and again.tokens == cold.tokens
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
+def test_repeated_short_prompt_is_reused(models, make_engine, spec):
+    """llama.cpp's test_metrics_prompt_processed_and_cached: the same 10-token prompt twice
+    on one slot, checkpoint settings at their defaults (spacing 512). The one checkpoint
+    inside the shared prefix (all but the last token) is 4 tokens before the prompt's end:
+    the second request evaluates those 4, and writes what a fresh run writes (with MTP:
+    the same drafts, so the carry came back with the state)."""
+    path = models.get("dense", dtype="f32", agreement=0.8, tied_embeddings=False)
+    kw = {"n_ctx": 256, "n_parallel": 2, "n_ubatch": 64, "n_batch": 64}
+    if spec:
+        kw |= {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=3, adaptive=False)}
+    e = make_engine(path, **kw)
+    prompt = [400 + 7 * i for i in range(10)]
+    for sampling in (None, SEEDED):
+        first = run(e, prompt, 12, sampling)
+        again = run(e, prompt, 12, sampling)
+        fresh = run(e, prompt, 12, sampling, cache=False, slot=1)
+        assert (again.timings.cache_n, again.timings.prompt_n) == (6, 4)
+        assert again.tokens == fresh.tokens == first.tokens
+        if spec:
+            assert (again.spec.n_drafted, again.spec.n_accepted) == \
+                (fresh.spec.n_drafted, fresh.spec.n_accepted)
+            assert again.spec.n_drafted > 0

@@ -102,8 +102,9 @@ CTX_CHECKPOINTS = Opt("-ctxcp", "--ctx-checkpoints", "--swa-checkpoints", "ctx_c
                            "(host memory).")
 CHECKPOINT_MIN_STEP = Opt("--checkpoint-min-step", "checkpoint_min_step",
                           type=click.IntRange(min=1), default=512, show_default=True,
-                          help="Least prompt tokens between two checkpoints (one is also "
-                               "saved at each prompt's end).")
+                          help="Least prompt tokens between two checkpoints (two more are "
+                               "saved 4 + -ub and 4 tokens before each prompt's end, as "
+                               "llama-server does).")
 # the engine options run and serve both add in this order, after their own -c/-np/-b/-ub
 PLACEMENT_OPTIONS = (N_THREADS, NGL, DEVICE, OVERRIDES, CPU_MOE, N_CPU_MOE, TYPE_K, TYPE_V, RPC,
                      NO_MMAP, NO_REPACK)

@@ -54,7 +54,7 @@ from pyggspec.errors import PyggspecError
 from pyggspec.models.batch import chunk_group
 from pyggspec.sampling.grammar import Grammar, GrammarSpec, compile_grammar, grammar_vocab
 from pyggspec.sampling.params import SamplingParams
-from pyggspec.serving.prefix_cache import common_prefix
+from pyggspec.serving.prefix_cache import common_prefix, prompt_checkpoints
 from pyggspec.serving.request import (
     Event,
     QueueFull,
@@ -496,14 +496,15 @@ class Scheduler:
 
     # --- schedule: what runs in this step -------------------------------------------------
     def schedule(self) -> Batch:
-        """One ubatch of prompt chunks (the sequences sharing the smallest remaining count,
+        """One ubatch of prompt chunks (the sequences sharing the smallest count of tokens
+        left before their next chunk end -- a near-end checkpoint or the prompt's end --,
         at most ``n_ubatch`` tokens in all, never across a logical batch (-b) boundary) and
         one decode/verify item per running sequence (drafts: at most ``room - 1``)."""
         lim = self.limits
         batch = Batch()
         pre = [s for s in self._active.values() if s.status is SeqStatus.PREFILL]
         if pre:
-            T, group = chunk_group({s: len(s.prompt) - s.n_done for s in pre},
+            T, group = chunk_group({s: self._chunk_end(s) - s.n_done for s in pre},
                                    {s: s.n_done - s.n_cached for s in pre}, lim.n_ubatch,
                                    lim.n_batch)
             now = time.perf_counter()
@@ -523,14 +524,30 @@ class Scheduler:
                                                s.is_stop, s.logprobs))
         return batch
 
+    def _near_end(self, s: Sequence) -> tuple[int, ...]:
+        """The positions before ``s``'s prompt end that get a checkpoint (none when
+        checkpoints are off: the prompt then runs in as few chunks as it can)."""
+        lim = self.limits
+        if lim.ctx_checkpoints <= 0:
+            return ()
+        return prompt_checkpoints(len(s.prompt), s.n_cached, lim.n_ubatch, lim.n_batch)
+
+    def _chunk_end(self, s: Sequence) -> int:
+        """Where ``s``'s next prompt chunk may end at the latest: its next near-end
+        checkpoint, else the prompt's end."""
+        return next((p for p in self._near_end(s) if p > s.n_done), len(s.prompt))
+
     def _checkpoint_due(self, s: Sequence, T: int) -> bool:
-        """Save the recurrent state after this chunk: every ``checkpoint_min_step`` tokens
-        and at the prompt's end (llama.cpp's --ctx-checkpoints)."""
+        """Save the recurrent state after this chunk (llama.cpp's --ctx-checkpoints): at
+        the near-end positions (:func:`prompt_checkpoints`), and every
+        ``checkpoint_min_step`` tokens before them. Not at the prompt's end: the same
+        prompt again reuses all but its last token, so only the copy before it serves;
+        a longer shared prefix resumes from there too, 4 tokens short."""
         lim = self.limits
         p = s.n_done + T
-        if lim.ctx_checkpoints <= 0 or p <= 0:
+        if lim.ctx_checkpoints <= 0 or p <= 0 or p == len(s.prompt):
             return False
-        if p != len(s.prompt) and p - s.owner.last_ckpt < lim.checkpoint_min_step:
+        if p not in self._near_end(s) and p - s.owner.last_ckpt < lim.checkpoint_min_step:
             return False
         s.owner.last_ckpt = p
         return True

@@ -1,5 +1,6 @@
 """Prefix matching for prompt reuse (``serving.prefix_cache.common_prefix``): the number of
-leading tokens two token lists share, against a plain Python loop."""
+leading tokens two token lists share, against a plain Python loop; and where a prompt's
+checkpoints go (``prompt_checkpoints``, llama-server's rule)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from pyggspec.serving.prefix_cache import common_prefix
+from pyggspec.serving.prefix_cache import common_prefix, prompt_checkpoints
 
 
 def slow(a, b) -> int:
@@ -51,3 +52,16 @@ def test_random_lists_equal_the_slow_loop():
         a = [rng.randrange(4) for _ in range(n)]
         b = a[:rng.randint(0, n)] + [rng.randrange(4) for _ in range(rng.randint(0, 20))]
         assert common_prefix(a, b) == slow(a, b), (a, b)
+
+
+@pytest.mark.parametrize("n,cached,ubatch,batch,want", [
+    (10, 0, 512, 2048, (6,)),  # llama.cpp's test_metrics prompt: 4 before its end
+    (1000, 0, 512, 2048, (484, 996)),  # 4 + n_ubatch and 4 before its end
+    (600, 0, 512, 512, (88, 596)),  # the first at most n_batch before it
+    (1000, 990, 512, 2048, (996,)),  # only past the reused tokens
+    (1000, 996, 512, 2048, ()),
+    (4, 0, 512, 2048, ()),  # nothing before position 1
+    (5, 0, 512, 2048, (1,)),
+])
+def test_prompt_checkpoints(n, cached, ubatch, batch, want):
+    assert prompt_checkpoints(n, cached, ubatch, batch) == want

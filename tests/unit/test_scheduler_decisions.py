@@ -64,11 +64,13 @@ class FakeWorker:
         return out
 
 
-def make(n_parallel=2, n_ctx=64, n_ubatch=4, spec=True, n_max=3, **kw):
+def make(n_parallel=2, n_ctx=64, n_ubatch=4, spec=True, n_max=3, ctx_checkpoints=0,
+         checkpoint_min_step=512, **kw):
     w = FakeWorker(n_parallel, **kw)
     lim = SchedulerLimits(n_ctx=n_ctx, n_vocab=128, n_parallel=n_parallel, n_ubatch=n_ubatch,
-                          n_batch=64, speculative=spec, spec_n_max=n_max, ctx_checkpoints=0,
-                          checkpoint_min_step=512)
+                          n_batch=64, speculative=spec, spec_n_max=n_max,
+                          ctx_checkpoints=ctx_checkpoints,
+                          checkpoint_min_step=checkpoint_min_step)
     return Scheduler(w, lim), w
 
 
@@ -88,6 +90,23 @@ def test_prompt_is_chunked_and_the_last_chunk_samples():
     assert [(c.last, c.sample) for c in chunks] == [(False, False)] * 2 + [(True, True)]
     r = h.result()
     assert r.tokens == [1] and r.stop_reason == "length"
+
+
+@pytest.mark.parametrize("n,step,ends,saved", [
+    # 4 + n_ubatch and 4 tokens before the end (llama-server), not the end itself
+    (10, 512, [2, 6, 10], [True, True, False]),
+    (14, 512, [4, 6, 10, 14], [False, True, True, False]),
+    (14, 4, [4, 6, 10, 14], [True, True, True, False]),  # and every 4 (spacing) before
+    (3, 512, [3], [False]),  # too short for one
+])
+def test_prompt_chunks_end_at_the_checkpoints(n, step, ends, saved):
+    s, w = make(n_ubatch=4, ctx_checkpoints=4, checkpoint_min_step=step)
+    s.submit(req(range(2, 2 + n), max_tokens=1))
+    s.run_until_idle()
+    chunks = [c for b in w.batches for c in b.prompt]
+    assert [c.pos0 + len(c.tokens) for c in chunks] == ends
+    assert [c.checkpoint for c in chunks] == saved
+    assert [c.sample for c in chunks] == [False] * (len(ends) - 1) + [True]
 
 
 def test_no_first_token_when_nothing_may_be_emitted():
