@@ -13,7 +13,11 @@ the matcher. Bad grammars are 400s naming the field (llama-server's own tests:
 from __future__ import annotations
 
 import json
+import logging
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -21,7 +25,7 @@ from fastapi.testclient import TestClient
 
 from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
-from pyggspec.sampling import SamplingParams
+from pyggspec.sampling import SamplingParams, grammar
 from pyggspec.sampling.chain import SamplerChain
 from pyggspec.sampling.grammar import GrammarError, GrammarSpec, compile_grammar, grammar_vocab
 from pyggspec.serving.request import Request
@@ -325,3 +329,42 @@ def test_mixed_batch_with_and_without_grammar(model_path, backend):
         got = [h.result() for h in hs]
     check_schema(got[0].text)
     assert [g.tokens for g in got] == [r.tokens for r in ref]
+
+
+def test_grammar_tables_are_built_as_the_server_starts(model_path, monkeypatch, caplog):
+    """llguidance's tables for the vocabulary (~1.3 s at 152k tokens) are built when the
+    server starts, in the background: /health answers meanwhile, a constrained request
+    arriving early waits for them and does not build them itself, and they are built once
+    (another app over the same engine, or another start, does not build them again)."""
+    real = grammar.GrammarVocab.from_tokenizer
+    entered, gate, built = threading.Event(), threading.Event(), []
+
+    def held(cls, tok, n_vocab):
+        entered.set()
+        gate.wait(30)
+        gv = real(tok, n_vocab)
+        built.append(threading.current_thread().name)
+        return gv
+
+    monkeypatch.setattr(grammar.GrammarVocab, "from_tokenizer", classmethod(held))
+    caplog.set_level(logging.INFO, logger="pyggspec.grammar")
+    body = {"prompt": "Hi", "n_predict": 20, "grammar": GBNF}
+    with Engine(model_path, n_ctx=256, n_parallel=1, n_threads=2, sampling=GREEDY) as e:
+        cfg = ServerConfig(model_id="g", model_path=str(model_path), sampling=GREEDY)
+        with TestClient(create_app(e, cfg), raise_server_exceptions=False) as c, \
+                ThreadPoolExecutor(1) as pool:
+            assert entered.wait(30)  # started with the server, not by a request
+            pending = pool.submit(c.post, "/completion", json=body)
+            assert c.get("/health").status_code == 200  # while the tables are built
+            time.sleep(0.2)
+            assert not pending.done() and not built  # the request waits for them
+            gate.set()
+            r = pending.result(60)
+            assert r.status_code == 200, r.text
+            assert re.fullmatch(GBNF_RE, r.json()["content"])
+        assert built == ["pyggspec-grammar-vocab"]
+        with TestClient(create_app(e, cfg), raise_server_exceptions=False) as c:
+            assert c.post("/completion", json=body).status_code == 200
+        assert grammar.warm_grammar_vocab(e.tokenizer, e.n_vocab) is None
+    assert built == ["pyggspec-grammar-vocab"]
+    assert sum("llguidance's tables" in r.getMessage() for r in caplog.records) == 1

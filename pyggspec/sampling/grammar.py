@@ -11,7 +11,9 @@ Pieces, each made once where it can be:
 
 * :class:`GrammarSpec` -- what a request asks (pure data, no llguidance).
 * :class:`GrammarVocab` -- llguidance's view of the engine's vocabulary: built once per
-  tokenizer (~1 s at 248k tokens, :func:`grammar_vocab`), shared by every request.
+  tokenizer (~1.3 s at 152k tokens, :func:`grammar_vocab`), shared by every request; a
+  server builds it in the background as it starts (:func:`warm_grammar_vocab`), so its
+  first constrained request does not pay for it.
 * :class:`Grammar` -- a spec compiled and checked against that vocabulary, once per
   request (:func:`compile_grammar`; a bad grammar is a :class:`GrammarError` naming the
   field, before anything is queued).
@@ -30,7 +32,9 @@ bias input of 0 / -inf (exact in float32), so device sampling keeps working.
 from __future__ import annotations
 
 import json
+import logging
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +43,8 @@ from typing import Any
 import numpy as np
 
 from pyggspec.errors import PyggspecError
+
+log = logging.getLogger("pyggspec.grammar")
 
 KINDS = ("gbnf", "json_schema", "lark", "regex")
 # whitespace a JSON schema allows between tokens: llama.cpp's ``space`` rule
@@ -132,18 +138,49 @@ class GrammarVocab:
 
 
 _vocabs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_warming: weakref.WeakSet = weakref.WeakSet()  # tokenizers a warm-up thread was started for
 _vocabs_lock = threading.Lock()
 
 
 def grammar_vocab(tokenizer: Any, n_vocab: int) -> GrammarVocab:
     """The :class:`GrammarVocab` of a :class:`~pyggspec.tokenizer.Tokenizer`, built on the
-    first request that needs it and kept as long as the tokenizer lives."""
+    first request that needs it (or by :func:`warm_grammar_vocab`) and kept as long as the
+    tokenizer lives. A caller arriving while it is built waits for it."""
     with _vocabs_lock:
         gv = _vocabs.get(tokenizer)
         if gv is None or gv.n_vocab != n_vocab:
+            t0 = time.perf_counter()
             gv = GrammarVocab.from_tokenizer(tokenizer, n_vocab)
             _vocabs[tokenizer] = gv
+            log.info("grammar: llguidance's tables for %d tokens built in %.2f s", n_vocab,
+                     time.perf_counter() - t0)
         return gv
+
+
+def warm_grammar_vocab(tokenizer: Any, n_vocab: int) -> threading.Thread | None:
+    """Start building ``tokenizer``'s :class:`GrammarVocab` in a background thread (a server
+    starting: else its first constrained request pays 1.3-2.3 s for it). /health and other
+    requests are served meanwhile, though llguidance holds the GIL for the last ~0.5 s of
+    it (measured at 248k tokens); a constrained request arriving before it is done waits
+    in :func:`grammar_vocab`. Once per tokenizer: None when the table is built, or its
+    thread started, already. The caller joins the thread before closing the tokenizer
+    (llguidance keeps llama.cpp's vocabulary pointer)."""
+    with _vocabs_lock:
+        gv = _vocabs.get(tokenizer)
+        if (gv is not None and gv.n_vocab == n_vocab) or tokenizer in _warming:
+            return None
+        _warming.add(tokenizer)
+    t = threading.Thread(target=_warm, args=(tokenizer, n_vocab), daemon=True,
+                         name="pyggspec-grammar-vocab")
+    t.start()
+    return t
+
+
+def _warm(tokenizer: Any, n_vocab: int) -> None:
+    try:
+        grammar_vocab(tokenizer, n_vocab)
+    except Exception:  # a request needing it builds it (and reports the error) then
+        log.exception("grammar: building llguidance's tables at start failed")
 
 
 @dataclass(frozen=True, eq=False)

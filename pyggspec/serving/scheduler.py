@@ -52,7 +52,13 @@ import numpy as np
 
 from pyggspec.errors import PyggspecError
 from pyggspec.models.batch import chunk_group
-from pyggspec.sampling.grammar import Grammar, GrammarSpec, compile_grammar, grammar_vocab
+from pyggspec.sampling.grammar import (
+    Grammar,
+    GrammarSpec,
+    compile_grammar,
+    grammar_vocab,
+    warm_grammar_vocab,
+)
 from pyggspec.sampling.params import SamplingParams
 from pyggspec.serving.prefix_cache import common_prefix, prompt_checkpoints
 from pyggspec.serving.request import (
@@ -148,6 +154,7 @@ class Scheduler:
         self._cv = threading.Condition(self._lock)
         self._step_lock = threading.Lock()  # one step at a time (ggml is single-threaded here)
         self._thread: threading.Thread | None = None
+        self._grammar_warm: threading.Thread | None = None  # building the grammar tables
         self._closed = False
         self._stopping = False
         self._drain = True
@@ -283,7 +290,10 @@ class Scheduler:
             pass
 
     def start(self) -> None:
-        """Run the loop in a background thread (idempotent)."""
+        """Run the loop in a background thread (idempotent). This is a server starting
+        (the HTTP app's lifespan; the Python API steps synchronously): llguidance's tables
+        for the vocabulary, which every grammar this scheduler compiles needs, are built in
+        another thread now rather than in the first constrained request."""
         with self._cv:
             if self.running:
                 return
@@ -291,6 +301,8 @@ class Scheduler:
             self._thread = threading.Thread(target=self._loop, name="pyggspec-scheduler",
                                             daemon=True)
             self._thread.start()
+        if self.tokenizer is not None and self._grammar_warm is None:
+            self._grammar_warm = warm_grammar_vocab(self.tokenizer, self.limits.n_vocab)
 
     def stop(self, drain: bool = True, timeout: float | None = None) -> None:
         """Stop the background thread: ``drain`` finishes queued and running requests
@@ -306,6 +318,8 @@ class Scheduler:
             t.join(timeout)
             if not t.is_alive():
                 self._thread = None
+        if self._grammar_warm is not None:  # before the engine closes the tokenizer
+            self._grammar_warm.join(timeout)
         if not drain and not self.running:
             self._cancel_all()
 
