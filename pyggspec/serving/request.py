@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import statistics
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,8 @@ class Request:
     :class:`~pyggspec.sampling.grammar.GrammarSpec`, compiled for the engine's vocabulary
     when the request is validated (``grammar`` then holds the compiled grammar); the
     output ends where the grammar allows nothing but end of generation.
+    ``progress``: also send an :class:`Event` carrying :class:`PromptProgress` when the
+    request gets its slot and after each prompt chunk (llama-server's ``return_progress``).
     """
 
     prompt: str | Sequence[int]
@@ -94,9 +97,27 @@ class Request:
     logprobs: int | None = None
     post_sampling_probs: bool = False
     grammar: GrammarSpec | Grammar | None = None
+    progress: bool = False
 
 
 # --- what comes back ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a request's prompt is (llama-server's ``prompt_progress``): ``total`` prompt
+    tokens, ``cache`` of them reused from the slot, ``processed`` in the slot so far (cached
+    ones included) and ``time_ms`` since its first chunk was scheduled (0 at admission)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
+
+    def to_dict(self) -> dict[str, int]:
+        """llama-server's object (its ``time_ms`` is whole milliseconds)."""
+        return {"total": self.total, "cache": self.cache, "processed": self.processed,
+                "time_ms": int(self.time_ms)}
+
+
 @dataclass(frozen=True)
 class Event:
     """One emitted token (``tokens`` has one id; empty for the text released when the
@@ -107,11 +128,14 @@ class Event:
     text exactly. A token completing a stop string is included; the tokens a speculative
     step emitted after it are not. ``logprobs`` holds the token's
     :class:`~pyggspec.serving.sequence.TokenLogprob` when the request asked for them.
+    A request that asked for ``progress`` also gets events with ``progress`` set and no
+    tokens or text, before its first token.
     """
 
     tokens: tuple[int, ...]
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    progress: PromptProgress | None = None
 
 
 @dataclass
@@ -343,6 +367,13 @@ class RequestHandle:
         return self._result
 
     # --- scheduler side --------------------------------------------------------------------
+    def _progress(self, total: int, cache: int, processed: int, t_start: float | None) -> None:
+        """A prompt-progress event, when the request asked for them (``t_start``: the
+        ``time.perf_counter()`` its first chunk was scheduled at, None before)."""
+        if self.request.progress:
+            ms = (time.perf_counter() - t_start) * 1000 if t_start is not None else 0.0
+            self._push(Event((), "", progress=PromptProgress(total, cache, processed, ms)))
+
     def _push(self, ev: Event) -> None:
         with self._cond:
             cbs = list(self._callbacks)

@@ -21,7 +21,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pyggspec.serving.http import completions, infill, routes, slot_actions
+from pyggspec.serving.http import (
+    anthropic_api,
+    completions,
+    infill,
+    responses_api,
+    routes,
+    slot_actions,
+)
 from pyggspec.serving.http.protocol import ApiError
 from pyggspec.serving.http.state import ServerConfig, ServerState
 
@@ -71,6 +78,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, *,
     app.add_middleware(Gate, state=state)
     routes.install(app, state)
     completions.install(app, state)
+    responses_api.install(app, state)
+    anthropic_api.install(app, state)
     infill.install(app, state)
     slot_actions.install(app, state)
     return app

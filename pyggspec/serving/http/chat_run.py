@@ -261,7 +261,8 @@ class ChatRun:
                            timings=RequestTimings())
             raise _Finished(merge_results(self._first, self._bridge, empty, self.ids))
         try:
-            return await self.state.submit(ids, gen, self.rid, True)
+            # its prompt is the first's: progress was reported already
+            return await self.state.submit(ids, gen, self.rid, True, progress=False)
         except ApiError as e:
             raise RequestFailed(f"continuing the answer failed: {e.message}") from None
 

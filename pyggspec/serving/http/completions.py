@@ -10,7 +10,6 @@ then waits for the whole result or streams it as SSE (:mod:`.streaming`).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,9 +18,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from pyggspec.serving.http import openai_api as oa
-from pyggspec.serving.http.chat_parse import THINK_CLOSE, ChatStream, parse_final
-from pyggspec.serving.http.chat_request import ChatPrompt, parse_chat_request, render_chat
-from pyggspec.serving.http.chat_run import ChatRun, plan_for
+from pyggspec.serving.http.chat_job import prepare_chat
+from pyggspec.serving.http.chat_parse import ChatStream, parse_final
+from pyggspec.serving.http.live_timings import LiveTimings
 from pyggspec.serving.http.protocol import (
     ApiError,
     get_bool,
@@ -68,7 +67,8 @@ async def answer_llama(state: ServerState, request: Request, handle: Any, t_star
         last["tokens"] = []
         return [last]
 
-    return stream(state, handle, t_start, chunk, final, done_marker=False)
+    return stream(state, handle, t_start, chunk, final, done_marker=False,
+                  live=LiveTimings.of(gen))
 
 
 def install(app: FastAPI, state: ServerState) -> None:
@@ -133,36 +133,12 @@ def install(app: FastAPI, state: ServerState) -> None:
         t_start = time.perf_counter()
         body = await read_body(request)
         model = state.model_name(body)
-        messages = parse_messages(body)
-        chat = parse_chat_request(body, messages, cfg, state.template)
-        gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="chat",
-                        tokenize=state.text_ids)
-
-        def prepare() -> tuple[ChatPrompt, list[int]]:
-            # template and tokenizer off the event loop: a long conversation must not stall
-            # the other streams
-            prompt = render_chat(state.template, chat, cfg.skip_chat_parsing)
-            return prompt, state.tokenize_prompt([prompt.text])
-
-        prompt, ids = await asyncio.to_thread(prepare)
-        state.check_context(ids, gen)
-        if prompt.tool_grammar is not None:
-            if gen.grammar is not None:  # llama-server refuses a grammar with tools too
-                raise invalid("Cannot use custom grammar constraints with a required tool "
-                              "call ('tool_choice')", gen.grammar.field)
-            if not prompt.tool_prefix:  # the prompt holds the call's start: hold the rest
-                gen.grammar = prompt.tool_grammar
-        if gen.grammar is not None and gen.grammar.kind == "json_schema" and prompt.thinking_open:
-            # the prompt opened a thinking block: the model may think first, then the JSON
-            # (llama-server's chat parser allows the reasoning before a response format)
-            gen.grammar = dataclasses.replace(gen.grammar, after=THINK_CLOSE)
+        job = await prepare_chat(state, body, parse_messages(body))
+        gen, prompt = job.gen, job.prompt
         rid, created = oa.new_id("chatcmpl"), oa.now()
-        cache_prompt = get_bool(body, "cache_prompt", True)
-        plan = plan_for(prompt, chat.reasoning_budget, chat.reasoning_budget_message)
 
         async def start(rid: str) -> Any:
-            return (await ChatRun(state, plan, ids, gen, rid, cache_prompt).start() if plan
-                    else await state.submit(ids, gen, rid, cache_prompt))
+            return await job.start(state, rid)
 
         if gen.n > 1:  # several choices: one request each, answered together (not streamed)
             handles = [await start(f"{rid}-{i}") for i in range(gen.n)]
@@ -190,6 +166,9 @@ def install(app: FastAPI, state: ServerState) -> None:
 
         def chunk(ev: Any) -> list[Any]:
             out = []
+            if ev.progress is not None:  # llama-server: the opening delta carries it
+                return [oa.chat_chunk(rid, created, model,
+                                      {"role": "assistant", "content": None})]
             if first[0]:
                 first[0] = False
                 out.append(oa.chat_chunk(rid, created, model,
@@ -209,7 +188,8 @@ def install(app: FastAPI, state: ServerState) -> None:
                                           "chat.completion.chunk"))
             return out
 
-        return stream(state, handle, t_start, chunk, final, done_marker=True)
+        return stream(state, handle, t_start, chunk, final, done_marker=True,
+                      live=LiveTimings.of(gen))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -254,7 +234,8 @@ def install(app: FastAPI, state: ServerState) -> None:
             if not echoed[0]:
                 echoed[0] = True
                 text = prefix + text
-            c = oa.completion_chunk(rid, created, model, text) if text else None
+            c = (oa.completion_chunk(rid, created, model, text)
+                 if text or ev.progress is not None else None)
             logprobs(ev, c)
             return [c] if c is not None else []
 
@@ -266,7 +247,8 @@ def install(app: FastAPI, state: ServerState) -> None:
                 out.append(oa.usage_chunk(rid, created, model, result, "text_completion"))
             return out
 
-        return stream(state, handle, t_start, chunk, final, done_marker=True)
+        return stream(state, handle, t_start, chunk, final, done_marker=True,
+                      live=LiveTimings.of(gen))
 
     @app.post("/completion")
     @app.post("/completions")  # llama-server: its own shape here, OpenAI's under /v1 only

@@ -255,7 +255,8 @@ def generation_settings(gen: GenParams, *, n_ctx: int, model_id: str, speculativ
         "reasoning_format": "none", "reasoning_in_content": False,
         "generation_prompt": "", "samplers": list(s.samplers),
         "speculative.types": "draft-mtp" if spec else "none",
-        "timings_per_token": False, "post_sampling_probs": gen.post_sampling_probs,
+        "timings_per_token": gen.timings_per_token,
+        "post_sampling_probs": gen.post_sampling_probs,
         "backend_sampling": backend_sampling,
         "lora": [],
         # pyggspec's own

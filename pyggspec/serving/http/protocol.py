@@ -292,6 +292,8 @@ class GenParams:
     grammar: GrammarSpec | None = None  # grammar / json_schema / response_format
     n: int = 1  # choices (chat, not streamed): n requests over the same prompt
     slot: int | None = None  # llama-server's id_slot: run on this slot (None: any)
+    timings_per_token: bool = False  # streamed chunks carry the timings so far
+    return_progress: bool = False  # streams report prompt progress (prompt_progress)
 
 
 MAX_STOP = 16
@@ -442,6 +444,8 @@ def parse_gen(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
         post_sampling_probs=get_bool(body, "post_sampling_probs", False),
         grammar=grammar,
         n=n,
+        timings_per_token=get_bool(body, "timings_per_token", False),
+        return_progress=get_bool(body, "return_progress", False),
     )
 
 

@@ -138,9 +138,11 @@ class ServerState:
 
     # --- submitting and finishing ----------------------------------------------------------
     async def submit(self, ids: list[int], gen: GenParams, rid: str,
-                     cache_prompt: bool = True) -> RequestHandle:
+                     cache_prompt: bool = True, progress: bool | None = None) -> RequestHandle:
         """Queue the request (off the event loop: submit may wait for the scheduler's lock
-        while a step runs); scheduler refusals become HTTP errors."""
+        while a step runs); scheduler refusals become HTTP errors. ``progress``: the
+        handle's events include prompt progress (default: when streamed, which is where
+        ``return_progress`` and ``timings_per_token`` are read, see ``LiveTimings``)."""
         if gen.slot is not None and gen.slot >= self.n_parallel:
             raise invalid(f"'id_slot' must be -1 (any slot) or 0..{self.n_parallel - 1}, "
                           f"got {gen.slot}", "id_slot")
@@ -152,7 +154,8 @@ class ServerState:
                          stop=gen.stop, ignore_eos=gen.ignore_eos, speculative=gen.speculative,
                          n_draft_max=gen.n_draft_max, cache_prompt=cache_prompt, id=rid,
                          logprobs=gen.n_probs, post_sampling_probs=gen.post_sampling_probs,
-                         grammar=gen.grammar, slot=gen.slot)
+                         grammar=gen.grammar, slot=gen.slot,
+                         progress=gen.stream if progress is None else progress)
         try:
             return await asyncio.to_thread(self.scheduler.submit, req)
         except RequestError as e:

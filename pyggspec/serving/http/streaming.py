@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from pyggspec.serving.http.live_timings import LiveTimings
 from pyggspec.serving.http.protocol import ApiError
 from pyggspec.serving.request import RequestFailed, Result
 
@@ -103,29 +104,47 @@ class CancellingStream(StreamingResponse):
                 self.state.record_when_done(self.handle)
 
 
+def named_sse(obj: Any) -> bytes:
+    """One server-sent event named by ``obj["type"]`` (``event: TYPE``), as OpenAI's
+    Responses and Anthropic's Messages streams send them."""
+    return f"event: {obj['type']}\n".encode() + sse(obj)
+
+
 def stream(state: ServerState, handle: Handle, t_start: float,
            chunk: Callable[[Any], list[Any]], final: Callable[[Result], list[Any]],
-           done_marker: bool) -> StreamingResponse:
+           done_marker: bool, live: LiveTimings | None = None,
+           encode: Callable[[Any], bytes] = sse,
+           error: Callable[[ApiError], Any] = ApiError.body) -> StreamingResponse:
     """SSE: ``chunk(event)`` bodies per event, ``final(result)`` bodies at the end, then
-    ``data: [DONE]`` (OpenAI endpoints). A failure mid-stream is sent as an error event."""
+    ``data: [DONE]`` (OpenAI endpoints). ``live`` sees every event first: prompt progress
+    events reach ``chunk`` only when the request asked for them (``return_progress``), and
+    the last body of each event gets its ``timings`` / ``prompt_progress``. ``encode``
+    writes one body; a failure mid-stream is sent as ``error(ApiError)``."""
+    live = live or LiveTimings()
 
     async def body() -> AsyncIterator[bytes]:
         t_first = None
         try:
             async for ev in handle:
+                live.observe(ev)
+                if not live.shown(ev):
+                    continue
                 if ev.tokens and t_first is None:
                     t_first = time.perf_counter()
-                for c in chunk(ev):
-                    yield sse(c)
+                out = chunk(ev)
+                if out:
+                    live.decorate(out[-1], ev)
+                for c in out:
+                    yield encode(c)
             result = handle.result()
         except RequestFailed as e:
             response.completed = True
-            yield sse(ApiError(500, f"generation failed: {e.message}").body())
+            yield encode(error(ApiError(500, f"generation failed: {e.message}")))
             return
         response.completed = True
         state.finished(result, t_start, t_first)
         for c in final(result):
-            yield sse(c)
+            yield encode(c)
         if done_marker:
             yield b"data: [DONE]\n\n"
 
@@ -140,6 +159,7 @@ class _NoEvent:
     tokens: tuple[int, ...] = ()
     text = ""
     logprobs: tuple = ()
+    progress = None
 
 
 NO_EVENT = _NoEvent()
