@@ -44,6 +44,7 @@ from pyggspec.serving.http.protocol import (
     invalid,
     parse_messages,
     read_body,
+    unsupported,
 )
 from pyggspec.serving.http.state import ServerState
 from pyggspec.serving.http.streaming import named_sse, run_to_end, stream
@@ -86,10 +87,6 @@ def anthropic_errors(handler: Callable[..., Awaitable[Response]]
             raise AnthropicError.of(e) from None
 
     return wrapped
-
-
-def unsupported(message: str, param: str) -> ApiError:
-    return ApiError(400, message, param=param, type="not_supported_error")
 
 
 # ---------------------------------------------------------------------------- request

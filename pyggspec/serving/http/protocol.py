@@ -58,6 +58,11 @@ def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
+def unsupported(message: str, param: str) -> ApiError:
+    """A 400 for a field pyggspec does not take (llama-server's ``not_supported_error``)."""
+    return ApiError(400, message, param=param, type="not_supported_error")
+
+
 def context_error(n_prompt: int, n_ctx: int, room: bool) -> ApiError:
     """llama-server's ``exceed_context_size_error`` (400) with its message (clients and
     llama.cpp's tests match "exceeds the available context size") and two extra fields;

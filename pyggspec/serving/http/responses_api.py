@@ -39,6 +39,7 @@ from pyggspec.serving.http.protocol import (
     invalid,
     parse_messages,
     read_body,
+    unsupported,
 )
 from pyggspec.serving.http.state import ServerState
 from pyggspec.serving.http.streaming import named_sse, run_to_end, stream
@@ -59,10 +60,6 @@ _NOT_STORED = ("previous_response_id", "conversation", "background")
 def new_item_id(prefix: str) -> str:
     """An id in OpenAI's form for Responses objects: ``resp_``, ``msg_``, ``rs_``, ``fc_``."""
     return f"{prefix}_{secrets.token_hex(16)}"
-
-
-def unsupported(message: str, param: str) -> ApiError:
-    return ApiError(400, message, param=param, type="not_supported_error")
 
 
 # ---------------------------------------------------------------------------- request
