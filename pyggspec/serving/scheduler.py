@@ -83,6 +83,7 @@ from pyggspec.serving.sequence import (
     Sequence,
     StepOutput,
     TokenLogprob,
+    report_progress,
 )
 from pyggspec.serving.stops import TextStream
 from pyggspec.speculative.stats import SpecStats
@@ -496,6 +497,7 @@ class Scheduler:
             params = replace(params or self.worker.samplers.params, grammar=req.grammar)
         seq.n_cached = seq.n_done = owner.last_ckpt = self.worker.begin(
             slot, seq.prompt, params, req.cache_prompt, spec)
+        report_progress(seq)
         owner.timings.cache_n = seq.n_cached
         with self._lock:
             self._counts["prompt_tokens_cached"] += seq.n_cached
@@ -590,6 +592,7 @@ class Scheduler:
         for c in done:
             seq, so = self._active[c.slot], out.seqs[c.slot]
             seq.n_done += len(c.tokens)
+            report_progress(seq)
             st = seq.owner.stats
             if st is not None:
                 st.n_target_evals += so.target_evals

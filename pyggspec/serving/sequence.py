@@ -79,8 +79,8 @@ class Sequence:
 
     Prompt progress: ``n_cached`` tokens were reused from the slot's cache, ``n_done`` are
     in the cache (reused + evaluated). Once running, the last of ``out`` is the *pending*
-    token: emitted, not yet evaluated by the target. Setting ``n_done`` (at admission, then
-    once per prompt chunk) tells the owner's handle (:func:`_report_progress`).
+    token: emitted, not yet evaluated by the target. Where ``n_done`` advances (admission,
+    each prompt chunk) the scheduler reports it to the owner's handle (:func:`report_progress`).
     """
 
     id: str
@@ -112,31 +112,16 @@ class Sequence:
         return self.status.value if self.status.finished else None
 
 
-def _get_n_done(seq: Sequence) -> int:
-    return seq.__dict__.get("_n_done", 0)
-
-
-def _set_n_done(seq: Sequence, n: int) -> None:
-    seq.__dict__["_n_done"] = n
-    _report_progress(seq)
-
-
-def _report_progress(seq: Sequence) -> None:
+def report_progress(seq: Sequence) -> None:
     """Prompt progress for a request that asked for it (llama-server's ``return_progress``):
-    the owner's handle gets an event when the sequence is admitted (``n_done`` = the reused
-    tokens) and after each chunk. Why a property here: the scheduler advances ``n_done`` in
-    exactly those places, so the report cannot miss a chunk or come twice, and the
-    scheduler's code stays as it is."""
-    owner = seq.__dict__.get("owner")
+    the scheduler calls this where it advances ``n_done`` -- when the sequence is admitted
+    (``n_done`` = the reused tokens) and after each prompt chunk -- and the owner's handle
+    gets an event."""
+    owner = seq.owner
     handle = getattr(owner, "handle", None)
     if handle is not None and seq.status is SeqStatus.PREFILL:
         handle._progress(len(seq.prompt), seq.n_cached, seq.n_done,
                          getattr(owner, "t_start", None))
-
-
-# after the dataclass is made: its __init__ keeps the field (default 0) and sets it through
-# the property, before ``owner`` exists (so construction reports nothing)
-Sequence.n_done = property(_get_n_done, _set_n_done)  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
