@@ -160,9 +160,10 @@ def grammar_vocab(tokenizer: Any, n_vocab: int) -> GrammarVocab:
 def warm_grammar_vocab(tokenizer: Any, n_vocab: int) -> threading.Thread | None:
     """Start building ``tokenizer``'s :class:`GrammarVocab` in a background thread (a server
     starting: else its first constrained request pays 1.3-2.3 s for it). /health and other
-    requests are served meanwhile, though llguidance holds the GIL for the last ~0.5 s of
-    it (measured at 248k tokens); a constrained request arriving before it is done waits
-    in :func:`grammar_vocab`. Once per tokenizer: None when the table is built, or its
+    requests are served meanwhile, sharing the CPU with it, and llguidance holds the GIL
+    for its last ~0.5 s (at 248k tokens on 2 cores: a free request right after start took
+    1.2 s instead of 0.4); a constrained request arriving before it is done waits in
+    :func:`grammar_vocab`. Once per tokenizer: None when the table is built, or its
     thread started, already. The caller joins the thread before closing the tokenizer
     (llguidance keeps llama.cpp's vocabulary pointer)."""
     with _vocabs_lock:
