@@ -40,6 +40,7 @@ from pyggspec.serving.http.live_timings import LiveTimings
 from pyggspec.serving.http.protocol import (
     ApiError,
     _kind,
+    field_str,
     get_int,
     invalid,
     parse_messages,
@@ -148,20 +149,20 @@ def _message(m: Any, where: str) -> list[dict[str, Any]]:
         w = f"{where}.content[{j}]"
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "text":
-            texts.append(_str(b, "text", w))
+            texts.append(field_str(b, "text", w))
         elif kind == "thinking":
-            reasoning.append(_str(b, "thinking", w))
+            reasoning.append(field_str(b, "thinking", w))
         elif kind == "redacted_thinking":
             continue  # encrypted by Anthropic: nothing a local model can read
         elif kind == "tool_use":
             args = b.get("input", {})
             if not isinstance(args, dict):
                 raise invalid(f"'{w}.input' must be an object, got {_kind(args)}", f"{w}.input")
-            calls.append({"id": _str(b, "id", w), "type": "function",
-                          "function": {"name": _str(b, "name", w),
+            calls.append({"id": field_str(b, "id", w), "type": "function",
+                          "function": {"name": field_str(b, "name", w),
                                        "arguments": json.dumps(args, ensure_ascii=False)}})
         elif kind == "tool_result":
-            results.append({"role": "tool", "tool_call_id": _str(b, "tool_use_id", w),
+            results.append({"role": "tool", "tool_call_id": field_str(b, "tool_use_id", w),
                             "content": _blocks_text(b.get("content"), f"{w}.content")})
         elif kind in ("image", "document"):
             raise unsupported(f"'{w}': {kind} input is not supported (pyggspec serve runs text "
@@ -178,13 +179,6 @@ def _message(m: Any, where: str) -> list[dict[str, Any]]:
             msg["tool_calls"] = calls
         out.append(msg)
     return out
-
-
-def _str(b: Mapping[str, Any], key: str, where: str) -> str:
-    v = b.get(key)
-    if not isinstance(v, str):
-        raise invalid(f"'{where}.{key}' must be a string, got {_kind(v)}", f"{where}.{key}")
-    return v
 
 
 def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -168,6 +168,15 @@ def get_str(body: Mapping[str, Any], key: str, default: str | None) -> str | Non
     return v
 
 
+def field_str(obj: Mapping[str, Any], key: str, where: str) -> str:
+    """``obj[key]``, which must be a string; the 400 names it as ``where.key`` (a field of
+    an item of a list, e.g. ``input[2].call_id``)."""
+    v = obj.get(key)
+    if not isinstance(v, str):
+        raise invalid(f"'{where}.{key}' must be a string, got {_kind(v)}", f"{where}.{key}")
+    return v
+
+
 # ---------------------------------------------------------------------------- sampling
 def parse_sampling(body: Mapping[str, Any], defaults: SamplingParams, n_vocab: int,
                    tokenize: Callable[[str], list[int]] | None = None) -> SamplingParams:

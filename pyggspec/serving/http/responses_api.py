@@ -35,6 +35,7 @@ from pyggspec.serving.http.live_timings import LiveTimings
 from pyggspec.serving.http.protocol import (
     ApiError,
     _kind,
+    field_str,
     get_int,
     invalid,
     parse_messages,
@@ -119,13 +120,6 @@ def input_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return msgs
 
 
-def _str_field(item: Mapping[str, Any], key: str, where: str) -> str:
-    v = item.get(key)
-    if not isinstance(v, str):
-        raise invalid(f"'{where}.{key}' must be a string, got {_kind(v)}", f"{where}.{key}")
-    return v
-
-
 def _text_parts(content: Any, where: str, kinds: tuple[str, ...]) -> str:
     """A string, or content parts of the given text ``kinds`` (joined by newlines, as chat
     content parts are); images and files are refused (text models only)."""
@@ -144,7 +138,7 @@ def _text_parts(content: Any, where: str, kinds: tuple[str, ...]) -> str:
         if kind not in kinds:
             raise invalid(f"'{w}.type' must be one of {', '.join(kinds)}, got {kind!r}",
                           f"{w}.type")
-        texts.append(_str_field(part, "refusal" if kind == "refusal" else "text", w))
+        texts.append(field_str(part, "refusal" if kind == "refusal" else "text", w))
     return "\n".join(texts)
 
 
@@ -175,14 +169,14 @@ def _add_item(msgs: list[dict[str, Any]], item: Any, where: str) -> None:
         else:
             msg["content"] = msg["content"] + ("\n" if msg["content"] and text else "") + text
     elif kind == "function_call":
-        call = {"id": _str_field(item, "call_id", where), "type": "function",
-                "function": {"name": _str_field(item, "name", where),
-                             "arguments": _str_field(item, "arguments", where)}}
+        call = {"id": field_str(item, "call_id", where), "type": "function",
+                "function": {"name": field_str(item, "name", where),
+                             "arguments": field_str(item, "arguments", where)}}
         _assistant(msgs).setdefault("tool_calls", []).append(call)
     elif kind == "function_call_output":
         out = item.get("output")
         text = _text_parts(out, f"{where}.output", ("input_text", "output_text"))
-        msgs.append({"role": "tool", "tool_call_id": _str_field(item, "call_id", where),
+        msgs.append({"role": "tool", "tool_call_id": field_str(item, "call_id", where),
                      "content": text})
     elif kind == "reasoning":
         parts = item.get("content") or item.get("summary") or []
