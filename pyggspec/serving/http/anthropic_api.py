@@ -43,6 +43,7 @@ from pyggspec.serving.http.protocol import (
     field_str,
     get_int,
     invalid,
+    object_array,
     parse_messages,
     read_body,
     unsupported,
@@ -202,14 +203,8 @@ def _tools(v: Any) -> list[dict[str, Any]]:
     """Client tools (``name``, ``description``, ``input_schema``) as chat function tools;
     Anthropic's server tools (web search, code execution, ...) run at Anthropic and are
     skipped."""
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise invalid(f"'tools' must be an array of tools, got {_kind(v)}", "tools")
     out = []
-    for i, t in enumerate(v):
-        if not isinstance(t, dict):
-            raise invalid(f"'tools[{i}]' must be an object, got {_kind(t)}", f"tools[{i}]")
+    for i, t in enumerate(object_array(v, "tools", "tools")):
         if t.get("type") not in (None, "custom"):
             log.warning("messages: tools[%d] of type %r skipped (client tools only)", i,
                         t.get("type"))

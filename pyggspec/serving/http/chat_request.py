@@ -38,7 +38,14 @@ from pyggspec.serving.http.chat_parse import (
     ChatSyntax,
     ToolSpec,
 )
-from pyggspec.serving.http.protocol import _kind, get_bool, get_int, get_str, invalid
+from pyggspec.serving.http.protocol import (
+    _kind,
+    get_bool,
+    get_int,
+    get_str,
+    invalid,
+    object_array,
+)
 from pyggspec.serving.http.tool_grammar import tool_call_grammar
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,16 +78,9 @@ class ChatRequest:
 
 def parse_tools(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     """``tools``: OpenAI function tools, checked field by field (400 naming the field)."""
-    v = body.get("tools")
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise invalid(f"'tools' must be an array of tools, got {_kind(v)}", "tools")
     out, names = [], set()
-    for i, t in enumerate(v):
+    for i, t in enumerate(object_array(body.get("tools"), "tools", "tools")):
         w = f"tools[{i}]"
-        if not isinstance(t, dict):
-            raise invalid(f"'{w}' must be an object, got {_kind(t)}", w)
         if t.get("type") != "function":
             raise invalid(f"'{w}.type' must be \"function\", got {t.get('type')!r}",
                           f"{w}.type")

@@ -168,6 +168,19 @@ def get_str(body: Mapping[str, Any], key: str, default: str | None) -> str | Non
     return v
 
 
+def object_array(v: Any, key: str, what: str) -> list[dict[str, Any]]:
+    """An optional array of objects (``tools``): [] for None; a 400 naming ``key`` when it
+    is not an array, naming ``key[i]`` for an item that is not an object."""
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise invalid(f"'{key}' must be an array of {what}, got {_kind(v)}", key)
+    for i, t in enumerate(v):
+        if not isinstance(t, dict):
+            raise invalid(f"'{key}[{i}]' must be an object, got {_kind(t)}", f"{key}[{i}]")
+    return v
+
+
 def field_str(obj: Mapping[str, Any], key: str, where: str) -> str:
     """``obj[key]``, which must be a string; the 400 names it as ``where.key`` (a field of
     an item of a list, e.g. ``input[2].call_id``)."""

@@ -38,6 +38,7 @@ from pyggspec.serving.http.protocol import (
     field_str,
     get_int,
     invalid,
+    object_array,
     parse_messages,
     read_body,
     unsupported,
@@ -198,14 +199,8 @@ def _add_item(msgs: list[dict[str, Any]], item: Any, where: str) -> None:
 def _tools(v: Any) -> list[dict[str, Any]]:
     """Function tools as chat tools; other tools (web search, file search, ...) have no
     chat equivalent and are skipped, as llama-server skips them."""
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise invalid(f"'tools' must be an array of tools, got {_kind(v)}", "tools")
     out = []
-    for i, t in enumerate(v):
-        if not isinstance(t, dict):
-            raise invalid(f"'tools[{i}]' must be an object, got {_kind(t)}", f"tools[{i}]")
+    for i, t in enumerate(object_array(v, "tools", "tools")):
         if t.get("type") != "function":
             log.warning("responses: tools[%d] of type %r skipped (function tools only)", i,
                         t.get("type"))
