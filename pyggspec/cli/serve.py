@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
@@ -38,6 +40,9 @@ from pyggspec.cli.common import (
 from pyggspec.cli.llama_flags import FlagRefused, LlamaCommand, llama_flags
 from pyggspec.config import EngineConfig
 from pyggspec.errors import PyggspecError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyggspec.serving.http.vertex import VertexAI
 
 
 def _chat_template(name: str | None, path: Path | None, jinja: bool = True) -> str | None:
@@ -104,6 +109,24 @@ def _api_key(key: str | None, key_file: Path | None) -> str | None:
         raise FlagRefused(f"--api-key-file: not supported by pyggspec serve with {len(keys)} "
                           "keys (one key only, counting --api-key)")
     return keys[0]
+
+
+def _vertex(port: int) -> VertexAI | None:
+    """Vertex AI prediction mode from ``AIP_*`` (as llama-server: its port wins over
+    ``--port``, with a warning when they differ)."""
+    from pyggspec.serving.http.vertex import VertexAI
+
+    try:
+        vertex = VertexAI.from_env(os.environ)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if vertex is not None:
+        if vertex.port != port:
+            click.echo(f"pyggspec serve: Vertex AI prediction mode: AIP_HTTP_PORT "
+                       f"{vertex.port} replaces port {port}", err=True)
+        click.echo(f"pyggspec serve: Vertex AI prediction mode: POST {vertex.predict_route}"
+                   + (f", GET {vertex.health_route}" if vertex.health_route else ""), err=True)
+    return vertex
 
 
 def _add_cors(app, origins: str | None, methods: str | None, headers: str | None,
@@ -297,6 +320,9 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
     config = replace(config, n_ctx=_slot_ctx(config.n_ctx, config.n_parallel, kv_unified,
                                              None if synthetic else model))
     aliases = _names(alias)
+    vertex = _vertex(port)
+    if vertex is not None:
+        port = vertex.port
     add_rpc_servers(rpc)
     engine = engine_from_config(model, config)
     with engine:
@@ -317,7 +343,7 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
                                      reasoning_budget=reasoning_budget,
                                      reasoning_budget_message=reasoning_budget_message,
                                      chat_template_kwargs=template_kwargs,
-                                     skip_chat_parsing=skip_chat_parsing)
+                                     skip_chat_parsing=skip_chat_parsing, vertex=vertex)
         try:
             app = create_app(engine, server_config, max_queue=max_queue)
         except ValueError as e:

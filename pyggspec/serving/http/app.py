@@ -28,6 +28,7 @@ from pyggspec.serving.http import (
     responses_api,
     routes,
     slot_actions,
+    vertex,
 )
 from pyggspec.serving.http.protocol import ApiError
 from pyggspec.serving.http.state import ServerConfig, ServerState
@@ -82,6 +83,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, *,
     anthropic_api.install(app, state)
     infill.install(app, state)
     slot_actions.install(app, state)
+    if config.vertex is not None:  # last: /predict dispatches to every route above
+        vertex.install(app, config.vertex)
     return app
 
 
@@ -115,12 +118,14 @@ class Gate:
         self.state = state
         key = state.config.api_key
         self.key = key.encode() if key else None
+        health = state.config.vertex and state.config.vertex.health_route
+        self.public = PUBLIC_PATHS | {health} if health else PUBLIC_PATHS
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.key is not None and scope["path"] not in PUBLIC_PATHS:
+        if self.key is not None and scope["path"] not in self.public:
             headers = dict(scope["headers"])
             given = headers.get(b"authorization") or headers.get(b"x-api-key") or b""
             given = given.removeprefix(b"Bearer ").strip()

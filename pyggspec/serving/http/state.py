@@ -22,6 +22,7 @@ from pyggspec.serving.http.chat import ChatTemplate
 from pyggspec.serving.http.metrics import ServeMetrics
 from pyggspec.serving.http.model_info import ModelInfo
 from pyggspec.serving.http.protocol import ApiError, GenParams, context_error, invalid
+from pyggspec.serving.http.vertex import VertexAI
 from pyggspec.serving.request import (
     QueueFull,
     RequestError,
@@ -62,6 +63,7 @@ class ServerConfig:
     prefill_assistant: bool = True  # a trailing assistant message is continued
     endpoint_metrics: bool = True  # serve's --metrics (off there, as llama-server): else 501
     verbose: bool = False  # serve's --verbose: responses carry __verbose unless asked not to
+    vertex: VertexAI | None = None  # AIP_MODE=PREDICTION: Vertex AI's /predict (vertex.py)
 
 
 class ServerState:
