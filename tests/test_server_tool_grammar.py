@@ -104,7 +104,9 @@ def test_functions_without_required_or_any_arguments(vocab):
 
 # ---------------------------------------------------------------------------- served
 def serve(path, spec: bool):
-    kw = {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=3)} if spec else {}
+    # fixed lengths: every step drafts, so "with MTP" is speculation (the default budget may
+    # decline every step on a loaded machine, and the comparison would be plain vs plain)
+    kw = {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=3, adaptive=False)} if spec else {}
     e = Engine(path, n_threads=2, n_ctx=512, n_parallel=1, sampling=GREEDY, **kw)
     app = create_app(e, ServerConfig(model_id="t", model_path=str(path), sampling=GREEDY,
                                      chat_template=QWENISH))
