@@ -22,6 +22,9 @@ Pieces, each made once where it can be:
   (the drafts before it) is computed by consuming the prefix, reading the mask and rolling
   back, and cached until the chain's state changes. So a rejected draft never touches the
   state, and ``snapshot``/``restore`` are a token count.
+* A spec with a ``trigger`` is a lazy grammar (llama-server's, for ``tool_choice: auto``):
+  its matcher (:mod:`~pyggspec.sampling.lazy_grammar`) leaves the text free, computing no
+  mask, until the trigger appears, and holds what follows it (``free`` rows add no bias).
 
 In the chain the grammar is the first stage (llama.cpp applies the grammar to the raw
 candidates when the sampled token does not fit it, which is the same as masking first):
@@ -71,6 +74,12 @@ class GrammarSpec:
     # prompt left a thinking block open: "</think>", then the JSON), as llama-server's chat
     # parser lets a reasoning model think before its response_format
     after: str = ""
+    # a lazy grammar (llama-server's lazy grammar): free text until this string appears
+    # (after ``after``, when given; the answer may end before either), then ``text`` holds
+    # what follows it (:mod:`~pyggspec.sampling.lazy_grammar`); ``lead`` is the text in
+    # front of the answer (a prefilled start), read before its first token
+    trigger: str = ""
+    lead: str = ""
 
     @classmethod
     def gbnf(cls, text: str, field: str = "grammar") -> GrammarSpec:
@@ -113,11 +122,26 @@ class GrammarVocab:
     bytes and are never allowed); ``eos`` are the end-of-generation ids a finished grammar
     allows (llama.cpp allows every EOG token at the end of a grammar)."""
 
-    def __init__(self, lltokenizer: Any, n_vocab: int, eos: Sequence[int]) -> None:
+    def __init__(self, lltokenizer: Any, n_vocab: int, eos: Sequence[int],
+                 pieces: Sequence[bytes] | None = None) -> None:
         self.tok = lltokenizer
         self.n_vocab = n_vocab
         self.eos = tuple(eos)
         self.n_words = (n_vocab + 31) // 32
+        # every token's bytes as llguidance sees them, in one buffer (a lazy grammar reads
+        # the text of the tokens it does not mask): its bytes + 8 of offset per token
+        if pieces is None:
+            pieces = [lltokenizer.decode_bytes([t]) if t < lltokenizer.vocab_size else b""
+                      for t in range(n_vocab)]
+        pieces = list(pieces)[:n_vocab] + [b""] * max(0, n_vocab - len(pieces))
+        self.blob = b"".join(pieces)
+        self.offsets = np.zeros(n_vocab + 1, np.int64)
+        np.cumsum([len(p) for p in pieces], out=self.offsets[1:])
+        self.triggers: dict[bytes, Any] = {}  # lazy_grammar.TriggerIndex per trigger
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes (control tokens with llguidance's 0xff prefix; padding: none)."""
+        return self.blob[self.offsets[token]:self.offsets[token + 1]]
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any, n_vocab: int) -> GrammarVocab:
@@ -134,7 +158,7 @@ class GrammarVocab:
         tok = llguidance.LLTokenizer.from_llamacpp(tokens=words, vocab_ptr=vocab,
                                                    tokenize_fptr=fn, eos_token=eos,
                                                    slices=None)
-        return cls(tok, n_vocab, eos)
+        return cls(tok, n_vocab, eos, words)
 
 
 _vocabs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -194,6 +218,10 @@ class Grammar:
     source: str
 
     def matcher(self) -> GrammarMatcher:
+        if self.spec.trigger:
+            from pyggspec.sampling.lazy_grammar import LazyGrammarMatcher
+
+            return LazyGrammarMatcher(self)
         return GrammarMatcher(self)
 
 
@@ -326,14 +354,16 @@ class GrammarMatcher:
         self._masks[key] = out
         return out
 
+    def free(self, prefix: Sequence[int] = ()) -> bool:
+        """The grammar puts no constraint on the token after ``prefix`` (see :meth:`words`):
+        the chain need not add the bias."""
+        return self.words(prefix) is None
+
     def allowed(self, prefix: Sequence[int] = ()) -> np.ndarray | None:
         """bool[n_vocab]: the tokens the grammar allows after ``prefix`` (None: see
         :meth:`words`)."""
         w = self.words(prefix)
-        if w is None:
-            return None
-        return np.unpackbits(w.view(np.uint8), count=self.vocab.n_vocab,
-                             bitorder="little").view(np.bool_)
+        return None if w is None else allowed_of(w, self.vocab.n_vocab)
 
     def bias(self, prefix: Sequence[int] = ()) -> np.ndarray:
         """float32[n_vocab] of 0 (allowed) / -inf (forbidden): what the chain adds to the
@@ -346,10 +376,8 @@ class GrammarMatcher:
                 if self._free is None:
                     self._free = np.zeros(self.vocab.n_vocab, np.float32)
                 b = self._free
-            else:  # 8 floats per mask byte from a table: ~10x faster than a select
-                full = np.empty((w.size * 4, 8), np.float32)
-                np.take(_BYTE_BIAS, w.view(np.uint8), axis=0, out=full)
-                b = full.reshape(-1)[:self.vocab.n_vocab]
+            else:
+                b = bias_of(w, self.vocab.n_vocab)
             self._bias[key] = b
         return b
 
@@ -359,6 +387,19 @@ class GrammarMatcher:
             bits[list(self.vocab.eos)] = True
             self._eos_only = np.packbits(bits, bitorder="little").view(np.int32)
         return self._eos_only
+
+
+def allowed_of(words: np.ndarray, n_vocab: int) -> np.ndarray:
+    """bool[n_vocab] of a bitmask (int32 words, bit i = token i allowed)."""
+    return np.unpackbits(words.view(np.uint8), count=n_vocab, bitorder="little").view(np.bool_)
+
+
+def bias_of(words: np.ndarray, n_vocab: int) -> np.ndarray:
+    """float32[n_vocab] of 0 (allowed) / -inf (forbidden) of a bitmask: 8 floats per mask
+    byte from a table, ~10x faster than a select."""
+    full = np.empty((words.size * 4, 8), np.float32)
+    np.take(_BYTE_BIAS, words.view(np.uint8), axis=0, out=full)
+    return full.reshape(-1)[:n_vocab]
 
 
 def _byte_bias() -> np.ndarray:

@@ -105,9 +105,12 @@ class SequenceSamplers:
         self.stats.tokens += 1
         chain = self.chains[slot]
         st = chain.stages
-        if len(st) == 1 and st[0].name == "greedy" and logits_row.shape == (self.n_vocab,):
-            # greedy over the full row: numpy's argmax takes the first maximum, the lowest
-            # id, as the greedy stage's tie rule (one pass, no temporaries)
+        if st[-1].name == "greedy" and logits_row.shape == (self.n_vocab,) and (
+                len(st) == 1 or (len(st) == 2 and st[0].name == "grammar"
+                                 and chain.grammar.free(prefix))):
+            # greedy over the full row (a lazy grammar's free row adds nothing): numpy's
+            # argmax takes the first maximum, the lowest id, as the greedy stage's tie rule
+            # (one pass, no temporaries)
             return int(logits_row.argmax())
         return sample_host(chain, logits_row, prefix)
 

@@ -154,7 +154,7 @@ class GrammarMask(Stage):
 
     def host(self, c: Cand, row: RowCtx) -> Cand:
         # + the bias row, as the graph adds it (a select on a 248k row is ~7x slower)
-        if row.grammar is None:
+        if row.grammar is None or row.grammar.free(row.prefix):  # a lazy grammar's free row
             return c
         bias = row.grammar.bias(row.prefix)
         return Cand(c.ids, c.logits + (bias if c.ids is None else bias[c.ids]))

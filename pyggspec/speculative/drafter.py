@@ -222,7 +222,10 @@ class MtpDrafter:
         if ch is None:
             return None
         dist = ch.stages[-1].name == "dist"
-        if ch.grammar is not None and not (self.probabilistic and dist):
+        # (a lazy grammar's free text drafts as no grammar: the head's argmax; drafts past
+        # its trigger are cut by the grammar before the verify)
+        if ch.grammar is not None and not (self.probabilistic and dist) \
+                and not ch.grammar.free():
             return ch
         return ch if self.coupled and dist else None
 

@@ -75,6 +75,10 @@ async def prepare_chat(state: ServerState, body: Mapping[str, Any],
                           "('tool_choice')", gen.grammar.field)
         if not prompt.tool_prefix:  # the prompt holds the call's start: hold the rest
             gen.grammar = prompt.tool_grammar
+    elif prompt.auto_grammar is not None and gen.grammar is None:
+        # tool_choice auto: free text, a call held from "<tool_call>" (a grammar of the
+        # request's own replaces it; llama-server refuses a "grammar" beside tools)
+        gen.grammar = prompt.auto_grammar
     if gen.grammar is not None and gen.grammar.kind == "json_schema" and prompt.thinking_open:
         # the prompt opened a thinking block: the model may think first, then the JSON
         # (llama-server's chat parser allows the reasoning before a response format)

@@ -18,12 +18,13 @@ model generates is parsed *with the generation prompt in front of it* (the templ
   are read as JSON), and the arguments are one JSON object text, as OpenAI sends them.
 
 Where we differ, and why: llama.cpp constrains the model with a grammar once ``<tool_call>``
-appears, so its parser may fail on anything else (an HTTP 500). pyggspec generates without
-that grammar, so nothing here ever raises: a block that is not a call of a declared tool (an
-unknown name, neither form, a JSON body that does not parse) stays in ``content`` as text;
-text after a call is content too (llama.cpp drops it); calls after the first are dropped
-when ``parallel_tool_calls`` is false (as there). A final parse keeps a trailing partial
-marker (``"</thi"``) as text rather than dropping it.
+appears, so its parser may fail on anything else (an HTTP 500). pyggspec holds calls with the
+same kind of grammar (:mod:`.tool_grammar`), but not every text is held (a call inside the
+thinking, a request with its own grammar), so nothing here ever raises: a block that is not
+a call of a declared tool (an unknown name, neither form, a JSON body that does not parse)
+stays in ``content`` as text; text after a call is content too (llama.cpp drops it); calls
+after the first are dropped when ``parallel_tool_calls`` is false (as there). A final parse
+keeps a trailing partial marker (``"</thi"``) as text rather than dropping it.
 
 Streaming (:class:`ChatStream`) re-parses the whole text after each piece, as llama.cpp does,
 and sends what changed. A partial parse holds back text that could still become a marker

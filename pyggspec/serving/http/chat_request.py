@@ -17,7 +17,9 @@ or ``{"type": "function", "function": {"name": ...}}``. ``required`` and a named
 start the answer's tool call for the model -- the prompt ends with ``<tool_call>\\n`` (and
 ``<function=NAME>\\n``) after the thinking block, which :mod:`.chat_run` lets the model
 finish first -- and a grammar (:mod:`.tool_grammar`) holds the rest to a call of the
-declared tools, as llama-server's does.
+declared tools, as llama-server's does. With ``auto`` the answer is free until the model
+writes ``<tool_call>`` (after its thinking), and the same grammar holds the call from there
+(llama-server's lazy grammar), unless the request brings a grammar of its own.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pyggspec.serving.http.protocol import (
     invalid,
     object_array,
 )
-from pyggspec.serving.http.tool_grammar import tool_call_grammar
+from pyggspec.serving.http.tool_grammar import auto_tool_grammar, tool_call_grammar
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.http.state import ServerConfig
@@ -251,6 +253,9 @@ class ChatPrompt:
     # a forced call's grammar: holds the text after the call's start (the prompt's end, or
     # ``tool_prefix`` once inserted) to a call of the declared tools (:mod:`.tool_grammar`)
     tool_grammar: GrammarSpec | None = None
+    # ``tool_choice: auto``'s lazy grammar: free text, then from ``<tool_call>`` (after the
+    # thinking) a call of the declared tools; used when the request has no grammar of its own
+    auto_grammar: GrammarSpec | None = None
 
 
 def template_messages(messages: Sequence[Mapping[str, Any]],
@@ -328,7 +333,11 @@ def render_chat(template: ChatTemplate, req: ChatRequest,
         if parse_tools else None,
         parallel_tool_calls=req.parallel_tool_calls,
         pure_content=skip_chat_parsing)
-    prefix, grammar = "", None
+    prefix, grammar, auto = "", None, None
+    if parse_tools and req.tool_choice == "auto":  # read from the open thinking block on
+        lead = gen_prompt[gen_prompt.rfind(THINK_OPEN) + len(THINK_OPEN):] if thinking_open \
+            else gen_prompt
+        auto = auto_tool_grammar(req.tools, req.parallel_tool_calls, thinking_open, lead)
     if parse_tools and req.tool_choice == "required":
         prefix = CALL_OPEN + "\n" + (f"{FUNC_OPEN}{req.tool_name}>\n" if req.tool_name else "")
         grammar = tool_call_grammar(req.tools, req.tool_name, req.parallel_tool_calls)
@@ -337,5 +346,5 @@ def render_chat(template: ChatTemplate, req: ChatRequest,
             syntax = dataclasses.replace(syntax, generation_prompt=gen_prompt + prefix)
             prefix = ""
     return ChatPrompt(text=text, syntax=syntax, thinking_open=thinking_open, tool_prefix=prefix,
-                      tool_grammar=grammar)
+                      tool_grammar=grammar, auto_grammar=auto)
 

@@ -118,10 +118,11 @@ class ChatRun:
         self._cancelled = False
 
     def first_params(self) -> GenParams:
-        """The first request: stops at ``</think>`` when a tool call is to follow it, and
+        """The first request: stops at ``</think>`` when a tool call is to follow it or a
+        lazy grammar waits for it (the second then holds all that follows the thinking), and
         after the budget (an answer that fits in the budget is one request)."""
         gen = dataclasses.replace(self.gen)
-        if self.plan.tool_prefix:
+        if self.plan.tool_prefix or self._lazy_after_thinking():
             gen.stop = tuple(gen.stop) + (THINK_CLOSE,)
         if self.plan.budget >= 0:
             gen.max_tokens = (self.plan.budget if gen.max_tokens is None
@@ -192,6 +193,10 @@ class ChatRun:
             return last
         return merge_results(self._first, self._bridge, last, self.ids)
 
+    def _lazy_after_thinking(self) -> bool:
+        g = self.gen.grammar
+        return g is not None and bool(g.trigger) and g.after == THINK_CLOSE
+
     # --- between the two requests -----------------------------------------------------------
     def _forced_end(self) -> str:
         """What a spent budget inserts: the message, ``\\n</think>`` (llama.cpp's first end
@@ -203,10 +208,11 @@ class ChatRun:
         """The text to insert after the first request, None when the answer is complete."""
         if first.stop_reason == "stop" and first.stop_word == THINK_CLOSE \
                 and THINK_CLOSE not in self.gen.stop:
-            # thinking ended by itself before a forced tool call: the stop string (trimmed
-            # from the text) goes back in, then the call's start
+            # thinking ended by itself before a forced tool call (or a lazy grammar): the
+            # stop string (trimmed from the text) goes back in, then the call's start
             tail = await asyncio.to_thread(self._trimmed_tail, first)
-            return await self._insert("\n\n" + self.plan.tool_prefix, tail)
+            prefix = self.plan.tool_prefix
+            return await self._insert("\n\n" + prefix if prefix else "", tail)
         budget_hit = (self.plan.budget >= 0 and first.stop_reason == "length"
                       and len(first.tokens) >= self.plan.budget
                       and (self.gen.max_tokens is None
@@ -249,8 +255,9 @@ class ChatRun:
             self.gen, sampling=dataclasses.replace(
                 self.gen.sampling, seed=_next_seed(self.gen.sampling.seed, len(done))))
         if gen.grammar is not None and gen.grammar.after:
-            # the thinking block is closed now: the rest is the grammar's body alone
-            gen.grammar = dataclasses.replace(gen.grammar, after="")
+            # the thinking block is closed now: the rest is the grammar's body alone (a lazy
+            # one's free text and call)
+            gen.grammar = dataclasses.replace(gen.grammar, after="", lead="")
         if self.plan.tool_grammar is not None and self._bridge.text.endswith(self.plan.tool_prefix):
             gen.grammar = self.plan.tool_grammar  # the forced call's start is in: hold the rest
         if gen.max_tokens is not None:

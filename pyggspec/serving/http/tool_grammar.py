@@ -1,5 +1,6 @@
-"""The grammar that holds a forced tool call (``tool_choice`` ``required`` or a named
-function) to Qwen3.5/3.6's XML form, as llguidance Lark.
+"""The grammar that holds a tool call to Qwen3.5/3.6's XML form, as llguidance Lark: a forced
+one (``tool_choice`` ``required`` or a named function), and with ``auto`` a call the model
+starts itself.
 
 llama-server builds the same constraint from the tools' schemas (``common/parsers/
 qwen3-coder.cpp``); this follows its shape so the answers parse the same way:
@@ -15,10 +16,19 @@ qwen3-coder.cpp``); this follows its shape so the answers parse the same way:
 * with ``parallel_tool_calls`` more calls may follow, separated by whitespace; nothing follows
   the last one (the output ends where the grammar allows only the end of generation).
 
-The grammar describes the text *after* the call's start, which the prompt (or the text
-inserted when the thinking block ends) already holds: after ``<tool_call>\\n`` any declared
-function, after ``<tool_call>\\n<function=NAME>\\n`` that function's arguments. ``tool_choice``
-``auto`` is not held (llama.cpp's lazy grammar, triggered by ``<tool_call>``, is not built).
+A forced call's grammar describes the text *after* the call's start, which the prompt (or the
+text inserted when the thinking block ends) already holds: after ``<tool_call>\\n`` any
+declared function, after ``<tool_call>\\n<function=NAME>\\n`` that function's arguments.
+
+``tool_choice: auto`` gets llama-server's lazy grammar (:func:`auto_tool_grammar`, a
+:mod:`~pyggspec.sampling.lazy_grammar`): the answer is free text -- content, and a thinking
+block the prompt left open, in which ``<tool_call>`` does not count (llama.cpp's Qwen parser
+takes calls after the reasoning) -- and may end anywhere; from ``<tool_call>`` on, the rest is
+``\\n`` and exactly a forced call's text (more calls with ``parallel_tool_calls``), nothing
+after the last. The free part costs no mask (see that module for what one llguidance grammar
+with a negated free part cost per step). A request with its own ``grammar`` /
+``json_schema`` / ``response_format`` keeps it, and its calls are not held (llama-server
+refuses a ``grammar`` beside tools; pyggspec answers it, as before).
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from pyggspec.serving.http.chat_parse import (
     FUNC_OPEN,
     PARAM_CLOSE,
     PARAM_OPEN,
+    THINK_CLOSE,
     schema_types,
 )
 
@@ -88,10 +99,11 @@ def _arguments(rule: str, fn: Mapping[str, Any]) -> tuple[list[str], str]:
     return [f"{rule}: {seq}", *lines], rule
 
 
-def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None,
-                      parallel: bool) -> GrammarSpec:
-    """The grammar of a forced call's text after its start (see the module docstring):
-    ``tools`` OpenAI ``tools[]`` (validated), ``name`` the named ``tool_choice`` or None."""
+def _calls(tools: Sequence[Mapping[str, Any]], name: str | None,
+           parallel: bool) -> tuple[str, list[str]]:
+    """The first call's rule (its text after ``<tool_call>\\n``, or after the named
+    function's opening line) with the further calls ``parallel`` allows, and the rules it
+    uses."""
     fns = [t["function"] for t in tools]
     if name is not None:
         fns = [f for f in fns if f["name"] == name]
@@ -112,5 +124,26 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None,
         first = f"{refs[0]} {_lit(FUNC_CLOSE + chr(10) + CALL_CLOSE)}"
     else:
         first = f"fn {_lit(CALL_CLOSE)}"
-    text = "%llguidance {}\n" + f"start: {first}{more}\n" + "\n".join(lines) + "\n"
+    return first + more, lines
+
+
+def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None,
+                      parallel: bool) -> GrammarSpec:
+    """The grammar of a forced call's text after its start (see the module docstring):
+    ``tools`` OpenAI ``tools[]`` (validated), ``name`` the named ``tool_choice`` or None."""
+    start, lines = _calls(tools, name, parallel)
+    text = "%llguidance {}\n" + f"start: {start}\n" + "\n".join(lines) + "\n"
     return GrammarSpec("lark", text, "tool_choice")
+
+
+def auto_tool_grammar(tools: Sequence[Mapping[str, Any]], parallel: bool,
+                      thinking: bool, lead: str = "") -> GrammarSpec:
+    """``tool_choice: auto``'s lazy grammar (see the module docstring): free text until
+    ``<tool_call>`` -- after ``</think>`` when the prompt opened a thinking block
+    (``thinking``) -- then ``\\n`` and exactly a forced call's text of any declared tool.
+    ``lead``: the text in front of the answer (a prefilled start may hold the trigger)."""
+    start, lines = _calls(tools, None, parallel)
+    text = ("%llguidance {}\n" + f"start: {_lit(chr(10))} {start}\n" + "\n".join(lines)
+            + "\n")
+    return GrammarSpec("lark", text, "tool_choice", after=THINK_CLOSE if thinking else "",
+                       trigger=CALL_OPEN, lead=lead)
