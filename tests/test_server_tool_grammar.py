@@ -26,6 +26,7 @@ from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.sampling.grammar import GrammarVocab, compile_grammar, grammar_vocab
+from pyggspec.sampling.lazy_grammar import matcher_for
 from pyggspec.serving.http.tool_grammar import auto_tool_grammar, tool_call_grammar
 from pyggspec.serving.request import Request
 from pyggspec.serving.server import ServerConfig, create_app
@@ -54,7 +55,7 @@ def vocab(model_path):
 def takes(vocab, spec, text: str) -> bool:
     """Whether the grammar takes ``text`` whole and may end there."""
     v, tok = vocab
-    m = compile_grammar(spec, v).matcher()
+    m = matcher_for(compile_grammar(spec, v))
     ids = tok.tokenize(text, add_special=False, parse_special=False)  # the text's bytes
     if m.valid_prefix(ids) < len(ids):
         return False
@@ -195,7 +196,7 @@ OPEN = "<tool_call>\n"
 def may_end(vocab, spec, text: str) -> bool:
     """Whether the lazy grammar takes ``text`` whole and may end there (a free row may)."""
     v, tok = vocab
-    m = compile_grammar(spec, v).matcher()
+    m = matcher_for(compile_grammar(spec, v))
     ids = tok.tokenize(text, add_special=False, parse_special=False)
     if m.valid_prefix(ids) < len(ids):
         return False
@@ -208,7 +209,7 @@ def may_end(vocab, spec, text: str) -> bool:
 def test_the_lazy_grammar_compiles_for_the_test_tools(vocab):
     for spec in (AUTO, AUTO_THINK, auto_tool_grammar([WEATHER], True, False)):
         assert spec.trigger == "<tool_call>" and spec.field == "tool_choice"
-        assert compile_grammar(spec, vocab[0]).matcher().free()
+        assert matcher_for(compile_grammar(spec, vocab[0])).free()
     assert AUTO_THINK.after == "</think>" and not AUTO.after
 
 
@@ -256,7 +257,7 @@ def test_auto_rows_are_free_before_the_call_and_the_same_at_a_draft_prefix(vocab
     ids = tok.tokenize(text, add_special=False, parse_special=False)
     trig = len(tok.tokenize("Sure. <tool_call>", add_special=False, parse_special=False))
     g = compile_grammar(AUTO, v)
-    a, b = g.matcher(), g.matcher()
+    a, b = matcher_for(g), matcher_for(g)
     for i, t in enumerate(ids):
         row, at_prefix = a.allowed(), b.allowed(ids[:i])
         assert (row is None) == (i < trig) == a.free()
@@ -303,7 +304,7 @@ def test_a_token_that_completes_the_trigger_and_runs_past_it(vocab):
         tok, vocab[0].n_vocab,
         [b">\n", b">\n<", b">x", b" <tool_call>\n", b"</think><tool_call>x"])
     g = compile_grammar(AUTO, v)
-    m = g.matcher()
+    m = matcher_for(g)
     start = tok.tokenize("Hm <tool_call", add_special=False, parse_special=False)
     for t in start:
         m.accept(t)
@@ -321,7 +322,7 @@ def test_a_token_that_completes_the_trigger_and_runs_past_it(vocab):
     m.restore(len(start))
     assert m.held.n_consumed == 0 and m.allowed()[nl] and not m.allowed()[gt_x]
     # before the gate a whole "<tool_call>" is thinking; one after "</think>" is not
-    gated = compile_grammar(AUTO_THINK, v).matcher().allowed()
+    gated = matcher_for(compile_grammar(AUTO_THINK, v)).allowed()
     assert gated is not None and gated[inner_ok] and gated[gt_x] and not gated[inner_bad]
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from pyggspec.sampling import noise as N
 from pyggspec.sampling import stages as S
 from pyggspec.sampling.host import sample_host
+from pyggspec.sampling.lazy_grammar import matcher_for
 from pyggspec.sampling.params import DEFAULT_SEED, SamplingParams
 
 __all__ = ["ChainState", "RowInput", "SamplerChain"]
@@ -57,7 +58,7 @@ class SamplerChain:
         self.history: deque[int] = deque(maxlen=max(params.repeat_last_n, 1))
         # the grammar's parser state (llguidance), compiled once per request; it consumes
         # emitted tokens only (a verify row's mask is taken at its draft prefix)
-        self.grammar = params.grammar.matcher() if params.grammar is not None else None
+        self.grammar = matcher_for(params.grammar) if params.grammar is not None else None
 
     def accept(self, token: int) -> None:
         """Record an emitted (sampled and kept) token: advances the noise counter."""

@@ -218,10 +218,11 @@ class Grammar:
     source: str
 
     def matcher(self) -> GrammarMatcher:
+        """A matcher of a grammar without ``trigger`` (a lazy one's is
+        :func:`pyggspec.sampling.lazy_grammar.matcher_for`'s: that module builds on this one)."""
         if self.spec.trigger:
-            from pyggspec.sampling.lazy_grammar import LazyGrammarMatcher
-
-            return LazyGrammarMatcher(self)
+            raise ValueError("a lazy grammar (with a trigger) is matched by "
+                             "lazy_grammar.matcher_for")
         return GrammarMatcher(self)
 
 

@@ -314,3 +314,8 @@ class LazyGrammarMatcher:
                 b = self._zeros
             self._bias[key] = b
         return b
+
+
+def matcher_for(grammar: Grammar) -> GrammarMatcher | LazyGrammarMatcher:
+    """The matcher of any compiled grammar: lazy when its spec has a trigger."""
+    return LazyGrammarMatcher(grammar) if grammar.spec.trigger else grammar.matcher()
