@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""pyggspec engines against each other inside one process: the same greedy requests
+alternating between them, paired per repetition.
+
+Why beside ``bench_mtp.py``: that one starts a fresh process per run, as a user would, and on
+these VMs processes differ by up to ±15% in decode speed among themselves; a 2% question (does
+the default draft budget cost anything where it declines?) drowns in that. Here every engine
+lives in the same process for the whole run, so the paired ratios show what the engines
+themselves cost (docs/benchmarks.md row 38). Not a comparison with llama-server.
+
+    python3 scripts/bench_inprocess.py --agreement 0.7 --type Q4_K_M --reps 6
+    python3 scripts/bench_inprocess.py --agreement 0.95 --type Q8_0 --parallel 4 \\
+        --engines default fixed=2 --reps 6
+
+Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``fixed=N``
+(``--spec-draft-fixed --spec-draft-n-max N``). The first engine is the reference of the
+ratios. Each repetition runs every engine once (order reversed every other repetition);
+``--parallel`` requests of ``-n`` tokens each, 32-token seeded prompts, ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib
+
+
+def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
+    from pyggspec.config import SpecConfig
+    from pyggspec.engine import Engine
+
+    kw = {"n_ctx": ctx * P, "n_parallel": P, "n_threads": threads, "load_tokenizer": False,
+          "progress": False}
+    if spec == "plain":
+        return Engine(str(path), **kw)
+    if spec == "default":
+        return Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(), **kw)
+    if spec.startswith("fixed="):
+        n = int(spec.split("=", 1)[1])
+        return Engine(str(path), spec_type="draft-mtp",
+                      spec=SpecConfig(n_max=n, adaptive=False), **kw)
+    raise SystemExit(f"bench_inprocess: unknown engine {spec!r} (plain, default, fixed=N)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", type=Path, help="this GGUF instead of a bench model")
+    ap.add_argument("--agreement", type=float, default=0.7)
+    ap.add_argument("--type", default="Q4_K_M")
+    ap.add_argument("--engines", nargs="+", default=["plain", "default"])
+    ap.add_argument("--parallel", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("-n", type=int, default=128, help="tokens per request")
+    ap.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    args = ap.parse_args()
+    path = args.model or benchlib.bench_model(args.agreement, args.type)
+    P = args.parallel
+    prompts = [benchlib.bench_prompt(32, path, seed=i) for i in range(P)]
+    engines = {name: make_engine(path, name, P, args.ctx, args.threads)
+               for name in args.engines}
+    for e in engines.values():  # warm-up: graphs built before anything is timed
+        e.generate_batch([prompts[0][:8]], max_tokens=4, ignore_eos=True)
+    ms: dict[str, list[float]] = {name: [] for name in engines}
+    host: dict[str, list[float]] = {name: [] for name in engines}
+    outs: dict[str, list[list[int]]] = {}
+    names = list(engines)
+    for rep in range(args.reps):
+        for name in names if rep % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            res = engines[name].generate_batch(prompts, max_tokens=args.n, ignore_eos=True)
+            wall = time.perf_counter() - t0
+            n_tok = sum(len(r.tokens) for r in res)
+            # ms per generated token: llama-server's per-token time for one sequence, the
+            # aggregate wall time per token for several
+            t = res.timings.to_dict(host=True)
+            ms[name].append(t["predicted_per_token_ms"] if P == 1 else wall * 1000 / n_tok)
+            host[name].append(t["python_ms_per_step"])
+            outs[name] = [r.tokens for r in res]
+            print(f"rep {rep} {name:10s} {ms[name][-1]:7.2f} ms/token", file=sys.stderr)
+    ref = names[0]
+    report = {"model": path.name, "parallel": P, "n": args.n, "reps": args.reps,
+              "ms_per_token": {k: [round(x, 3) for x in v] for k, v in ms.items()},
+              "host_ms_per_step": {k: round(statistics.median(v), 3) for k, v in host.items()},
+              "ratios_ms_vs_" + ref: {}, "same_outputs_as_" + ref: {}, "budgets": {}}
+    for name in names[1:]:
+        r = sorted(b / a for a, b in zip(ms[ref], ms[name]))
+        report["ratios_ms_vs_" + ref][name] = {"median": round(statistics.median(r), 4),
+                                               "spread": [round(r[0], 3), round(r[-1], 3)]}
+        report["same_outputs_as_" + ref][name] = outs[name] == outs[ref]
+    for name, e in engines.items():
+        if e.draft_policy is not None:
+            d = e.draft_policy.to_dict()
+            d.pop("calibration", None)
+            report["budgets"][name] = d
+        e.close()
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
