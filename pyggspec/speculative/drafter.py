@@ -59,22 +59,42 @@ log = logging.getLogger("pyggspec.speculative")
 # write is a cache-only MTP run with a mostly fixed cost (graph launch, one layer's
 # weights); written every n_max + 1 tokens they were part of what a declining engine lost
 # (x0.966 of plain decoding on the 0.8B Q8_0 bench model at ~0.70, no draft kept). 32 at a
-# time make them ~8x rarer; the first draft after a pause catches up in the same run.
-OWED_PAIRS_MAX = 32
+# time made them ~8x rarer. 256 at a time against 32, where the budget declines (one
+# process, 8 alternating reps of 128 tokens, ~0.70 bench models, outputs identical): Q8_0
+# 0.9855 and 1.0027 (the latter with Carry's rows no longer joined at every step), Q4_K_M
+# 0.992 -- under 1%, inside the noise of one run. The first draft after a pause catches
+# up in the same run (a one-layer batch of up to 256 rows).
+OWED_PAIRS_MAX = 256
 
 
-@dataclass(frozen=True)
 class Carry:
     """The pairs one slot's MTP cache still owes: ``tokens[j]`` (committed by the target
     at position ``pos0 + j``) paired with ``hidden[j]`` = the target's hidden row of the
     position before it. ``hidden`` has one row more than ``tokens``: the last committed
     position's row, which pairs with the next token -- except right after a draft wrote
     the pending token's pair, when both are empty. The MTP cache holds pairs ``0..pos0-1``.
+
+    Immutable in what it holds (checkpoints keep carries). The rows are kept in the pieces
+    they came in and joined once, when first read: joined at every step, a carry of 256
+    owed pairs copied ~0.3 ms a step (n_embd 1024), about 1% of a decode step.
     """
 
-    pos0: int
-    tokens: tuple[int, ...]
-    hidden: np.ndarray  # float32 [len(tokens) + 1, n_embd], or [0, n_embd]
+    __slots__ = ("_joined", "_parts", "pos0", "tokens")
+
+    def __init__(self, pos0: int, tokens: tuple[int, ...], hidden: np.ndarray,
+                 *more: np.ndarray) -> None:
+        self.pos0 = pos0
+        self.tokens = tokens
+        self._parts = (hidden, *more)
+        self._joined: np.ndarray | None = None if more else hidden
+
+    @property
+    def hidden(self) -> np.ndarray:
+        """float32 [len(tokens) + 1, n_embd], or [0, n_embd]."""
+        if self._joined is None:
+            self._joined = np.concatenate(self._parts)
+            self._parts = (self._joined,)
+        return self._joined
 
     @classmethod
     def start(cls, pos: int, hidden_row: np.ndarray) -> Carry:
@@ -83,12 +103,12 @@ class Carry:
 
     def extend(self, tokens: list[int], hidden: np.ndarray) -> Carry:
         """Committed ``tokens`` and the hidden rows of the positions they took (the rows
-        after the carry's last one)."""
-        if not len(self.hidden):  # the pending token's pair is written: it is not owed
-            tokens = tokens[1:]
-            return Carry(self.pos0, tuple(tokens), np.array(hidden, np.float32))
-        return Carry(self.pos0, self.tokens + tuple(tokens),
-                     np.concatenate([self.hidden, hidden]))
+        after the carry's last one; copied: the caller's buffer is reused)."""
+        rows = np.array(hidden, np.float32)
+        if len(self._parts) == 1 and not len(self._parts[0]):
+            # the pending token's pair is written: it is not owed
+            return Carry(self.pos0, tuple(tokens[1:]), rows)
+        return Carry(self.pos0, self.tokens + tuple(tokens), *self._parts, rows)
 
 
 class DraftGate(Protocol):
