@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pyggspec.serving.http.chat_parse import ChatStream, parse_final
+
 Kind = Literal["reasoning", "text", "tool"]
 
 
@@ -94,3 +96,28 @@ def message_blocks(message: Any) -> list[Block]:
         out.append(Block("tool", len(out), tc.arguments, name=tc.name, call_id=tc.id,
                          tool_index=i))
     return out
+
+
+def final_blocks(text: str, syntax: Any) -> list[Block]:
+    """The blocks of a whole generated answer ``text`` (parsed by the prompt's ``syntax``)."""
+    return message_blocks(parse_final(text, syntax))
+
+
+class AnswerSteps:
+    """A streamed answer's steps: its text through the chat parser (``syntax``: the
+    prompt's) and :class:`BlockStream`. ``blocks``: every block opened so far."""
+
+    def __init__(self, syntax: Any) -> None:
+        self._parser = ChatStream(syntax)
+        self._blocks = BlockStream()
+
+    @property
+    def blocks(self) -> list[Block]:
+        return self._blocks.blocks
+
+    def feed(self, text: str) -> list[Step]:
+        return self._blocks.feed(self._parser.feed(text))
+
+    def finish(self) -> list[Step]:
+        """The parser's held-back text, then the last block closed."""
+        return self._blocks.feed(self._parser.finish()) + self._blocks.finish()

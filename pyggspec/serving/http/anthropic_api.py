@@ -33,9 +33,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from pyggspec.serving.http.answer_blocks import Block, BlockStream, Step, message_blocks
+from pyggspec.serving.http.answer_blocks import AnswerSteps, Block, Step, final_blocks
 from pyggspec.serving.http.chat_job import count_prompt_tokens, prepare_chat
-from pyggspec.serving.http.chat_parse import ChatStream, parse_final
 from pyggspec.serving.http.live_timings import LiveTimings
 from pyggspec.serving.http.protocol import (
     ApiError,
@@ -375,29 +374,28 @@ def install(app: FastAPI, state: ServerState) -> None:
         handle = await job.start(state, mid)
         if not job.gen.stream:
             result = await run_to_end(state, request, handle, t_start)
-            blocks = message_blocks(parse_final(result.text, job.prompt.syntax))
+            blocks = final_blocks(result.text, job.prompt.syntax)
             return JSONResponse(message(mid, model, result, blocks))
 
         # prompt progress tells message_start the cached tokens; nothing else is shown
         live = LiveTimings(progress=True, tag=False)
         events = MessageEvents(mid, model, live, len(job.ids))
-        parser = ChatStream(job.prompt.syntax)
-        blocks = BlockStream()
+        answer = AnswerSteps(job.prompt.syntax)
 
         def chunk(ev: Any) -> list[Any]:
             out = events.start()
             if ev.progress is None:
-                out += events.steps(blocks.feed(parser.feed(ev.text)))
+                out += events.steps(answer.feed(ev.text))
             return out
 
         def final(result: Result) -> list[Any]:
             out = events.start()
-            steps = blocks.feed(parser.finish()) + blocks.finish()
-            if not blocks.blocks:  # nothing said: one empty text block, as the whole answer
+            steps = answer.finish()
+            if not answer.blocks:  # nothing said: one empty text block, as the whole answer
                 empty = Block("text", 0)
                 steps = [Step("open", empty), Step("close", empty)]
             out += events.steps(steps)
-            tools = any(b.kind == "tool" for b in blocks.blocks)
+            tools = any(b.kind == "tool" for b in answer.blocks)
             out.append({"type": "message_delta",
                         "delta": {"stop_reason": stop_reason(result, tools),
                                   "stop_sequence": (result.stop_word

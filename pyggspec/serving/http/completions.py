@@ -137,11 +137,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         gen, prompt = job.gen, job.prompt
         rid, created = oa.new_id("chatcmpl"), oa.now()
 
-        async def start(rid: str) -> Any:
-            return await job.start(state, rid)
-
         if gen.n > 1:  # several choices: one request each, answered together (not streamed)
-            handles = [await start(f"{rid}-{i}") for i in range(gen.n)]
+            handles = [await job.start(state, f"{rid}-{i}") for i in range(gen.n)]
             results = await asyncio.gather(*(run_to_end(state, request, h, t_start)
                                              for h in handles))
             outs = [oa.chat_response(rid, created, model, r, probs(gen, r.logprobs),
@@ -152,7 +149,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             out["usage"].update(completion_tokens=n_out,
                                 total_tokens=out["usage"]["prompt_tokens"] + n_out)
             return JSONResponse(verbose(out, body, gen, model, results[0]))
-        handle = await start(rid)
+        handle = await job.start(state, rid)
         if not gen.stream:
             result = await run_to_end(state, request, handle, t_start)
             message = parse_final(result.text, prompt.syntax)

@@ -28,9 +28,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from pyggspec.serving.http.answer_blocks import Block, BlockStream, Step, message_blocks
+from pyggspec.serving.http.answer_blocks import AnswerSteps, Block, Step, final_blocks
 from pyggspec.serving.http.chat_job import count_prompt_tokens, prepare_chat
-from pyggspec.serving.http.chat_parse import ChatStream, parse_final
 from pyggspec.serving.http.live_timings import LiveTimings
 from pyggspec.serving.http.protocol import (
     ApiError,
@@ -391,24 +390,22 @@ def install(app: FastAPI, state: ServerState) -> None:
         handle = await job.start(state, shape.id)
         if not job.gen.stream:
             result = await run_to_end(state, request, handle, t_start)
-            blocks = [set_ident(b) for b in message_blocks(parse_final(result.text,
-                                                                       job.prompt.syntax))]
+            blocks = [set_ident(b) for b in final_blocks(result.text, job.prompt.syntax)]
             return JSONResponse(shape.response("completed", [item(b) for b in blocks], result))
 
         events = ResponseEvents(shape)
-        parser = ChatStream(job.prompt.syntax)
-        blocks = BlockStream()
+        answer = AnswerSteps(job.prompt.syntax)
 
         def chunk(ev: Any) -> list[Any]:
             out = events.opening(ev.progress is not None)
             if ev.progress is None:
-                out += events.steps(blocks.feed(parser.feed(ev.text)))
+                out += events.steps(answer.feed(ev.text))
             return out
 
         def final(result: Result) -> list[Any]:
             out = events.opening(False)
-            out += events.steps(blocks.feed(parser.finish()) + blocks.finish())
-            done = events.completed(blocks.blocks, result)
+            out += events.steps(answer.finish())
+            done = events.completed(answer.blocks, result)
             done["timings"] = result.timings.to_dict()  # llama-server's, on the last event
             return out + [done]
 
