@@ -130,7 +130,7 @@ async def _predict_one(app: FastAPI, request: Request, instance: Any,
     if "stream" in payload:  # one JSON answer per instance: streaming has no place here
         log.warning("/predict: ignoring an instance's stream field")
         payload["stream"] = False
-    _status, data = await _call(app, request, paths[path], path, json.dumps(payload).encode())
+    data = await _call(app, request, paths[path], path, json.dumps(payload).encode())
     if not data:
         return None
     try:
@@ -139,10 +139,10 @@ async def _predict_one(app: FastAPI, request: Request, instance: Any,
         return data.decode("utf-8", "replace")
 
 
-async def _call(app: FastAPI, outer: Request, method: str, path: str,
-                body: bytes) -> tuple[int, bytes]:
+async def _call(app: FastAPI, outer: Request, method: str, path: str, body: bytes) -> bytes:
     """Send ``body`` to ``path`` through the whole app, as a request of the same client
-    (its headers, so its API key; its disconnect, so leaving cancels the work)."""
+    (its headers, so its API key; its disconnect, so leaving cancels the work); its answer's
+    body (an error's too: the status is in it)."""
     headers = [(k, v) for k, v in outer.scope["headers"]
                if k not in (b"content-length", b"content-type", b"transfer-encoding")]
     headers += [(b"content-type", b"application/json"),
@@ -160,14 +160,11 @@ async def _call(app: FastAPI, outer: Request, method: str, path: str,
             return {"type": "http.request", "body": body, "more_body": False}
         return await outer.receive()  # the real client's disconnect
 
-    status = [500]
     chunks: list[bytes] = []
 
     async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            status[0] = message["status"]
-        elif message["type"] == "http.response.body":
+        if message["type"] == "http.response.body":
             chunks.append(message.get("body", b""))
 
     await app(scope, receive, send)
-    return status[0], b"".join(chunks)
+    return b"".join(chunks)
