@@ -265,9 +265,23 @@ def _init_mtp(p: Parts, kv_cells: int) -> None:
                        cfg.n_parallel, cfg.mtp_type_k, cfg.mtp_type_v, label="mtp-kv")
     p.closers.append(p.mtp_kv)
     p.mtp = Mtp(mtp_hp, w, p.mtp_kv, p.mtp_sched, device_argmax=cfg.draft_backend_sampling,
-                draft_vocab=cfg.spec.draft_vocab)
+                draft_vocab=cfg.spec.draft_vocab, hot_rows=_hot_rows(p, w))
     p.mtp.step_rows = p.step_rows
     p.closers.append(p.mtp)
+
+
+def _hot_rows(p: Parts, w) -> int:
+    """Rows of the draft head's hot vocabulary (speculative/hot_vocab.py), 0 for none:
+    off when asked, or beside the options that need the whole head (p_min's full softmax,
+    a trimmed or requantized draft head)."""
+    from pyggspec.speculative.hot_vocab import hot_rows
+
+    spec = p.cfg.spec
+    if spec.hot_vocab == 0 or spec.p_min > 0 or spec.draft_vocab or spec.draft_head:
+        return 0
+    head = w.head
+    return hot_rows(head.ne[1], head.nb[1], sum(p.weights.bytes_by_device().values()),
+                    spec.hot_vocab)
 
 
 def _make_drafter(p: Parts):
@@ -280,9 +294,15 @@ def _make_drafter(p: Parts):
     chains_in_graph = cfg.draft_backend_sampling and graph_sampling(cfg.backend_sampling,
                                                                     head_dev.name)
     mode = cfg.spec.draft_sampling
+    hot = None
+    if p.mtp.hot is not None:
+        from pyggspec.speculative.hot_vocab import HotVocab
+
+        hot = HotVocab(p.mtp.hot.pos.ne[1], p.mtp.hot.rows.ne[1])
     return MtpDrafter(p.mtp, p.memory, p.hp.n_embd, cfg.spec.n_min, cfg.spec.p_min,
                       coupled=mode == "coupled", device=head_dev,
-                      backend_sampling=chains_in_graph, probabilistic=mode == "probabilistic")
+                      backend_sampling=chains_in_graph, probabilistic=mode == "probabilistic",
+                      hot=hot)
 
 
 def make_policy(worker, cfg: EngineConfig):

@@ -34,6 +34,9 @@ class SpecConfig:
     p_min: float = 0.0  # --spec-draft-p-min
     rollback: str = "auto"  # --spec-rollback: auto | snapshot | checkpoint
     draft_vocab: int = 0  # --spec-draft-vocab: draft over the first N token ids (0: all)
+    # --spec-draft-hot-vocab: drafts scored over the ids seen most (speculative/hot_vocab.py)
+    # while they hold the emitted text; None: sized by the weights' memory, 0: off
+    hot_vocab: int | None = None
     draft_head: str = ""  # --spec-draft-head: ggml type of a draft-only LM head copy ("": none)
     # draft lengths chosen per step from the head's confidence and measured costs (n_max
     # the cap): --spec-draft-adaptive (None: the default, on) / --spec-draft-fixed (False)
@@ -61,6 +64,11 @@ class SpecConfig:
             raise ConfigError(None, f"calibrate_tokens must be >= 0, got {self.calibrate_tokens}")
         if self.draft_vocab < 0:
             raise ConfigError("--spec-draft-vocab", f"must be >= 0, got {self.draft_vocab}")
+        if self.hot_vocab is not None and self.hot_vocab < 0:
+            raise ConfigError("--spec-draft-hot-vocab", f"must be >= 0, got {self.hot_vocab}")
+        if self.hot_vocab and (self.p_min > 0 or self.draft_vocab or self.draft_head):
+            raise ConfigError("--spec-draft-hot-vocab", "cannot be combined with "
+                                "--spec-draft-p-min, --spec-draft-vocab or --spec-draft-head")
         if self.draft_vocab and self.p_min > 0:
             raise ConfigError("--spec-draft-vocab", "cannot be combined with "
                                 "--spec-draft-p-min: p_min needs the full-vocabulary softmax")

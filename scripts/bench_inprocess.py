@@ -13,7 +13,8 @@ themselves cost (docs/benchmarks.md row 38). Not a comparison with llama-server.
         --engines default fixed=2 --reps 6
 
 Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``fixed=N``
-(``--spec-draft-fixed --spec-draft-n-max N``). The first engine is the reference of the
+(``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` after a speculative
+one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE``. The first engine is the reference of the
 ratios. Each repetition runs every engine once (order reversed every other repetition);
 ``--parallel`` requests of ``-n`` tokens each, 32-token seeded prompts, ``ignore_eos``.
 """
@@ -32,20 +33,33 @@ import benchlib
 
 
 def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
+    """``plain``, ``default`` or ``fixed=N``, optionally with ``+dv=N`` (--spec-draft-vocab)
+    and ``+head=TYPE`` (--spec-draft-head) after it."""
     from pyggspec.config import SpecConfig
     from pyggspec.engine import Engine
 
     kw = {"n_ctx": ctx * P, "n_parallel": P, "n_threads": threads, "load_tokenizer": False,
           "progress": False}
-    if spec == "plain":
+    base, *extra = spec.split("+")
+    skw: dict = {}
+    for x in extra:
+        key, _, val = x.partition("=")
+        if key == "dv":
+            skw["draft_vocab"] = int(val)
+        elif key == "head":
+            skw["draft_head"] = val
+        else:
+            raise SystemExit(f"bench_inprocess: unknown option {x!r} (dv=N, head=TYPE)")
+    if base == "plain" and not extra:
         return Engine(str(path), **kw)
-    if spec == "default":
-        return Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(), **kw)
-    if spec.startswith("fixed="):
-        n = int(spec.split("=", 1)[1])
+    if base == "default":
+        return Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
+    if base.startswith("fixed="):
+        n = int(base.split("=", 1)[1])
         return Engine(str(path), spec_type="draft-mtp",
-                      spec=SpecConfig(n_max=n, adaptive=False), **kw)
-    raise SystemExit(f"bench_inprocess: unknown engine {spec!r} (plain, default, fixed=N)")
+                      spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
+    raise SystemExit(f"bench_inprocess: unknown engine {spec!r} "
+                     "(plain, default, fixed=N; +dv=N, +head=TYPE)")
 
 
 def main() -> int:

@@ -163,6 +163,37 @@ DRAFT_VOCAB = Opt("--spec-draft-vocab", "draft_vocab", type=click.IntRange(min=0
                   show_default=True,
                   help="Draft over the first N token ids only (0: all); the LM head dominates "
                        "a draft step. Not with --spec-draft-p-min.")
+
+
+class _HotVocab(click.ParamType):
+    """``auto`` (None), ``off`` (0) or a row count."""
+
+    name = "auto|off|N"
+
+    def convert(self, value, param, ctx):
+        if value is None or isinstance(value, int):
+            return value
+        v = str(value).strip().lower()
+        if v == "auto":
+            return None
+        if v in ("off", "0"):
+            return 0
+        try:
+            n = int(v)
+        except ValueError:
+            self.fail(f"{value!r}: expected auto, off or a number of token ids", param, ctx)
+        if n < 0:
+            self.fail(f"{value!r}: must be >= 0", param, ctx)
+        return n
+
+
+HOT_VOCAB = Opt("--spec-draft-hot-vocab", "hot_vocab", type=_HotVocab(), default="auto",
+                show_default=True,
+                help="Score drafts over the N token ids this engine sees most (learnt from "
+                     "prompts and outputs, seeded with the lowest ids) while they hold >= 97% "
+                     "of the emitted text, else over the whole vocabulary: the LM head is "
+                     "most of a draft step. auto: as many as cost <= 2% of the weights' "
+                     "memory (at most 32768); off: the whole vocabulary always.")
 ROLLBACK = Opt("--spec-rollback", "rollback",
                type=click.Choice(ROLLBACKS), default="auto",
                show_default=True, help="Recurrent-state rollback after partial acceptance.")
@@ -171,7 +202,7 @@ MTP_TYPE_K = Opt("-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", "mtp_ty
 MTP_TYPE_V = Opt("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", "mtp_type_v",
                  default="f16", show_default=True, help="MTP head KV cache type (V).")
 SPEC_OPTIONS = (SPEC_TYPE, DRAFT_MODEL, N_MAX, N_MIN, P_MIN, DRAFT_ADAPTIVE, DRAFT_SAMPLING,
-                DRAFT_HEAD, DRAFT_VOCAB, ROLLBACK, MTP_TYPE_K, MTP_TYPE_V)
+                DRAFT_HEAD, DRAFT_VOCAB, HOT_VOCAB, ROLLBACK, MTP_TYPE_K, MTP_TYPE_V)
 
 
 @dataclass(frozen=True)
@@ -213,6 +244,7 @@ def _to_spec(kw: dict) -> None:
                                  param_hint="'--spec-draft-n-min'")
     config = SpecConfig(n_max=v["n_max"], n_min=v["n_min"], p_min=v["p_min"],
                         rollback=v["rollback"], draft_vocab=v["draft_vocab"],
+                        hot_vocab=v["hot_vocab"],
                         draft_head=v["draft_head"], adaptive=v["draft_adaptive"],
                         draft_sampling=v["draft_sampling"])
     kw["spec"] = SpecOptions(v["spec_type"], v["draft_model"], config, v["mtp_type_k"],

@@ -76,7 +76,17 @@ def _spec_lines(stats: dict) -> list[str]:
         f"per-position acceptance = [{pp}]"),
         f"target evals = {stats['n_target_evals']}, mtp evals = {stats['n_mtp_evals']}",
         *_budget_lines(stats.get("budget")),
+        *_hot_lines(stats.get("hot_vocab")),
     ]
+
+
+def _hot_lines(hot: dict | None) -> list[str]:
+    if not hot:
+        return []
+    held = hot["emitted_in_set"]
+    return [f"draft vocabulary = {hot['size']} hot ids ({'in use' if hot['active'] else 'not in use'}"
+            f", holding {held * 100:.1f}% of the emitted tokens)" if held is not None else
+            f"draft vocabulary = {hot['size']} hot ids"]
 
 
 def _budget_lines(budget: dict | None) -> list[str]:
@@ -231,6 +241,8 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
                                        "argmax_drafts": d.n_argmax}
             if engine.draft_policy is not None:  # lengths chosen, costs, calibration report
                 stats["budget"] = engine.draft_policy.to_dict()
+            if d.hot is not None:  # the draft head's hot vocabulary: size, coverage, in use
+                stats["hot_vocab"] = d.hot.to_dict()
         rollback_used = engine.rollback
         sampling_stats = engine.samplers.stats.to_dict() if engine.samplers else {}
     res = results[0]

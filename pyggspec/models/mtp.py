@@ -45,6 +45,18 @@ class MtpShape:
     draft_vocab: int = 0  # draft over token ids [0, draft_vocab) only (0: full vocabulary)
     sampling: int = 0  # plan id (Mtp.register_plan): the drafts' sampler chains in the graph
     confidence: bool = False  # beside chain draws, the argmax's probability (draft budget)
+    hot: bool = False  # score drafts over the hot vocabulary's rows (Mtp.hot)
+
+
+@dataclass
+class HotHead:
+    """The device copy of the hot vocabulary's LM-head rows (see
+    :mod:`pyggspec.speculative.hot_vocab`): the rows, their ids, the ids' inverse."""
+
+    rows: Tensor  # [n_embd, K], the head's type
+    ids: Tensor  # int32 [1, K]
+    pos: Tensor  # int32 [1, n_vocab]: row in ``rows``, K outside the set
+    host_ids: np.ndarray  # int32 [K], as last written
 
 
 @dataclass
@@ -59,6 +71,7 @@ class MtpBatch:
     sampling: int = 0  # coupled drafts: plan id whose chains choose the output rows' tokens
     rows: list | None = None  # RowInput per output row (chain, drafts before it)
     logits: bool = False  # full logits come back (host argmax or host chains)
+    hot: bool = False  # draft over the hot vocabulary (when the runner has one)
 
 
 @dataclass
@@ -118,6 +131,8 @@ class MtpWeights:
         return self.first_name(f"blk.{self.block}.nextn.shared_head_head.weight",
                                "output.weight", "token_embd.weight")
 
+    HOT_HEAD = "mtp.hot_head.weight"
+
     @property
     def head(self) -> Tensor:
         """The head drafts are made with: the lower-bit draft copy when one was made (only
@@ -137,6 +152,17 @@ def argmax_probability(logits: np.ndarray) -> np.ndarray:
 PAD_LOGIT = -1e30  # ids past --spec-draft-vocab: never drawn, finite (no NaN in a sampler op)
 
 
+def _widen_hot(ctx: Context, logits: Tensor, pos: Tensor) -> Tensor:
+    """[K, R] logits over the hot rows -> [n_vocab, R]: each id's logit, :data:`PAD_LOGIT`
+    outside the set (a gather through ``pos`` from the rows with a pad row appended; the
+    chains' noise is keyed by the full vocabulary's ids)."""
+    R = logits.ne[1]
+    col = ctx.scale(ctx.sum_rows(logits), 0.0, PAD_LOGIT)
+    t = ctx.cont(ctx.transpose(ctx.concat(logits, col, 0)))  # [R, K + 1]
+    wide = ctx.get_rows(t, ctx.reshape(pos, (pos.ne[1],)))  # [R, n_vocab]
+    return ctx.cont(ctx.transpose(wide)) if R > 1 else ctx.reshape(wide, (pos.ne[1], 1))
+
+
 def _pad_vocab(ctx: Context, logits: Tensor, n_vocab: int) -> Tensor:
     """[draft_vocab, R] logits -> [n_vocab, R] with :data:`PAD_LOGIT` past the draft
     vocabulary: a chain's noise is keyed by the full vocabulary's width, so coupled draws
@@ -150,7 +176,7 @@ class MtpGraph:
     used = False  # allocated and computed at least once
     n_vocab = 0  # the LM head's full width (--spec-draft-vocab may draft over fewer ids)
     def __init__(self, hp: HParams, w: MtpWeights, kv: KVCache, shape: MtpShape,
-                 plan=None) -> None:
+                 plan=None, hot: HotHead | None = None) -> None:
         T, B = shape.n_seq_tokens, shape.n_seqs
         n, il, n_embd = T * B, w.block, hp.n_embd
         self.shape = shape
@@ -171,7 +197,7 @@ class MtpGraph:
             cur = b.cb(layers.rms_norm(b, x, b.w("attn_norm.weight", il)), "mtp_attn_norm", il)
             cur = layers.attention(b, cur, il, attn_in, kv.k(il), kv.v(il))
             self.out_ids = self.h_out = self.ids = self.top = self.logits = None
-            self.sampling = None
+            self.sampling = self.hot = None
             if shape.n_outputs == 0:
                 # cache-only: pairs written for later drafts, nothing drafted now; the graph
                 # holds only the KV writes (no FFN, no LM head)
@@ -192,7 +218,10 @@ class MtpGraph:
             h_out = b.cb(layers.rms_norm(b, x, w.head_norm), "mtp_shared_head_norm")
             head = w.head
             self.n_vocab = head.ne[1]
-            if 0 < shape.draft_vocab < head.ne[1]:
+            self.hot = hot if shape.hot else None
+            if self.hot is not None:
+                head = self.hot.rows
+            elif 0 < shape.draft_vocab < head.ne[1]:
                 # the first rows of the LM head: BPE ids are roughly frequency-ordered, and a
                 # draft is only a guess the target verifies, so this loses no correctness
                 head = ctx.view(head, (head.ne[0], shape.draft_vocab), (head.nb[1],), 0)
@@ -202,7 +231,9 @@ class MtpGraph:
             if plan is not None:
                 # coupled drafts: the rows' sampler chains (with the target's noise for each
                 # token) in the graph; the logits stay an output for a host fallback
-                if logits.ne[0] < plan.n_vocab:
+                if self.hot is not None:
+                    logits = _widen_hot(ctx, logits, self.hot.pos)
+                elif logits.ne[0] < plan.n_vocab:
                     logits = _pad_vocab(ctx, logits, plan.n_vocab)
                 self.logits = logits.set_output()
                 graph.expand(logits)
@@ -218,8 +249,11 @@ class MtpGraph:
                     graph.expand(self.top)
             elif shape.device_argmax:
                 ids = b.cb(ctx.argmax(logits), "mtp_argmax")
-                self.ids = ids.set_output()
                 self.top = self._top_prob(b, ctx, logits, ids, shape.n_outputs).set_output()
+                if self.hot is not None:  # a row of the set -> its token id
+                    ids = ctx.reshape(ctx.get_rows(self.hot.ids, ids), (shape.n_outputs,))
+                    ids = b.cb(ids, "mtp_hot_ids")
+                self.ids = ids.set_output()
                 self.logits = None
                 graph.expand(self.ids)
                 graph.expand(self.top)
@@ -298,6 +332,13 @@ class MtpGraph:
             top = self._top.copy() if self.top is not None else None
             return MtpResult(ids, self._top.copy(), self._h_out.copy(), sampled=True,
                              argmax=self._ids.copy(), argmax_probs=top)
+        if self.ids is None and self.hot is not None:  # logits over the hot rows
+            lg, hot_ids = self._logits, self.hot.host_ids
+            wide = np.full((len(lg), self.n_vocab), PAD_LOGIT, np.float32)
+            wide[:, hot_ids] = lg
+            ids = hot_ids[lg.argmax(axis=1)].astype(np.int32)
+            top = self._top if mb.logits else argmax_probability(lg)
+            return MtpResult(ids, top, self._h_out.copy(), wide)
         if self.ids is None:  # host argmax + full-vocabulary softmax probability
             lg = self._logits
             ids = lg.argmax(axis=1).astype(np.int32)
@@ -321,7 +362,8 @@ class Mtp(GraphRunner):
     other's allocation), with graphs reused by shape."""
 
     def __init__(self, hp: HParams, weights: MtpWeights, kv: KVCache, sched: BackendScheduler,
-                 device_argmax: bool = True, cache_size: int = 24, draft_vocab: int = 0) -> None:
+                 device_argmax: bool = True, cache_size: int = 24, draft_vocab: int = 0,
+                 hot_rows: int = 0) -> None:
         super().__init__(sched, cache_size)
         self.hp = hp
         self.weights = weights
@@ -330,15 +372,28 @@ class Mtp(GraphRunner):
         self.draft_vocab = draft_vocab
         self.confidence = False  # graph-sampled drafts also report the head's confidence
         self.n_evals = 0
+        self.hot: HotHead | None = None
+        if hot_rows:
+            store = weights.weights
+            rows, ids, pos = store.add_row_subset(MtpWeights.HOT_HEAD, weights.head_name,
+                                                  hot_rows)
+            self.hot = HotHead(rows, ids, pos, np.zeros(0, np.int32))
+            self.set_hot(np.arange(hot_rows, dtype=np.int32))
+
+    def set_hot(self, ids: np.ndarray) -> None:
+        """Write the hot vocabulary's rows (sorted token ids, as many as it has rows): the
+        graphs read them from then on."""
+        self.weights.weights.fill_row_subset(MtpWeights.HOT_HEAD, ids)
+        self.hot.host_ids = np.asarray(ids, np.int32).copy()
 
     def run(self, mb: MtpBatch) -> MtpResult:
         B, T = mb.tokens.shape
         end = int((mb.pos0 + T).max())
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), len(mb.outputs),
                          self.device_argmax and not mb.logits, self.draft_vocab, mb.sampling,
-                         self.confidence and mb.sampling != 0)
+                         self.confidence and mb.sampling != 0, mb.hot and self.hot is not None)
         res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s,
-                                                     self.plans.get(s.sampling)),
+                                                     self.plans.get(s.sampling), self.hot),
                            lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read(mb))
         self.n_evals += 1
         return res

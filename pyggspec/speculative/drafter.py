@@ -50,6 +50,7 @@ from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult, argmax_probability
 from pyggspec.sampling.chain import RowInput, SamplerChain
 from pyggspec.sampling.host import chain_probability, sample_host
 from pyggspec.sampling.plan import plan_chain
+from pyggspec.speculative.hot_vocab import HotVocab
 from pyggspec.speculative.rejection import draw_draft, prob_of
 
 log = logging.getLogger("pyggspec.speculative")
@@ -170,8 +171,9 @@ class MtpDrafter:
 
     def __init__(self, mtp: Mtp, memory, n_embd: int, n_min: int = 0, p_min: float = 0.0,
                  coupled: bool = False, device=None, backend_sampling: bool = True,
-                 probabilistic: bool = False) -> None:
+                 probabilistic: bool = False, hot: HotVocab | None = None) -> None:
         self.mtp = mtp
+        self.hot = hot  # the hot vocabulary drafts are scored over (None: the whole head)
         self.memory = memory  # the slots' memory: the one writer of the MTP cache length
         self.carry: dict[int, Carry] = {}  # per slot (absent: the owed pairs are unknown)
         self._no_rows = np.zeros((0, n_embd), np.float32)  # a consumed carry's (never written)
@@ -359,7 +361,8 @@ class MtpDrafter:
         sampled = {r.slot: self._sampled(chains, r.slot) for r in reqs}
         choice = {r.slot: self._choice(r.slot, sampled[r.slot]) for r in reqs}
         prob = {r.slot: c for r in reqs if (c := self._prob_chain(chains, r.slot)) is not None}
-        mb = MtpBatch(tokens, hidden, pos0, slots, outputs)
+        hot = self.hot is not None and self.hot.active
+        mb = MtpBatch(tokens, hidden, pos0, slots, outputs, hot=hot)
         mb.logits = bool(prob) and bool(drafting)  # q is computed from the head's logits
         res = (self._run(mb, [(sampled[reqs[b].slot], ()) for b in drafting]) if drafting
                else self.mtp.run(mb))
@@ -406,7 +409,7 @@ class MtpDrafter:
             hid = h[[row for _, row in nxt]][:, None, :]
             p0 = np.array([ends[reqs[b].slot] + step - 1 for b, _ in nxt], np.int64)
             mb = MtpBatch(tok, hid, p0, tuple(reqs[b].slot for b, _ in nxt),
-                          np.arange(len(nxt), dtype=np.int32))
+                          np.arange(len(nxt), dtype=np.int32), hot=hot)
             rows = [(sampled[reqs[b].slot], tuple(out[reqs[b].slot].tokens)) for b, _ in nxt]
             ch = [choice[reqs[b].slot] for b, _ in nxt]
             # a sequence drafting by argmax needs no draws
@@ -455,12 +458,16 @@ class MtpDrafter:
         c = self.carry.get(slot)
         if c is not None:
             self.carry[slot] = c.extend(committed, hidden)
+        if self.hot is not None and self.hot.observe(committed, emitted=True):
+            self.mtp.set_hot(self.hot.choose())
 
     def write_prompt(self, parts: list[tuple[int, int, list[int], np.ndarray]]) -> None:
         """Prompt chunks (slot, first position, tokens, their target hidden rows): their
         pairs go into the MTP cache in one batch, and the carry moves past them."""
         reqs = []
         for slot, pos0, tokens, h in parts:
+            if self.hot is not None and self.hot.observe(tokens, emitted=False):
+                self.mtp.set_hot(self.hot.choose())
             c = self.carry.get(slot)
             if c is None or c.pos0 + len(c.tokens) != pos0:
                 c = Carry.start(pos0, np.zeros(h.shape[1], np.float32))

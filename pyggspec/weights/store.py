@@ -45,6 +45,7 @@ class Weights:
         self._plan_devices: set[str] = set()
         self._views: list[np.ndarray] = []  # keep the file mappings exported (alive)
         self._contexts: list[Context] = []
+        self._subsets: dict[str, str] = {}  # row-subset key -> its source's key
         self.buffers: list[Buffer] = []
         self._closed = False
 
@@ -170,6 +171,65 @@ class Weights:
         self._tensors[key] = t
         self._devices[key] = dev
         return t
+
+    def add_row_subset(self, key: str, src: str, n_rows: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Room for ``n_rows`` rows of 2-D weight ``src`` (same type, same device; a repack
+        buffer where ``src`` could be repacked) under ``key``, with two int32 tables: the
+        rows' ids in ``src`` (``key.ids``, [1, n_rows]) and their inverse (``key.pos``, [1,
+        src's rows]); all filled by :meth:`fill_row_subset`. For the draft head's hot vocabulary: a few percent of
+        the LM head's rows, rewritten when the chosen rows change."""
+        from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
+        from pyggspec.ggml.context import Context
+        from pyggspec.ggml.dtypes import GGMLType
+
+        skey = self._resolve(src)
+        if skey not in self._sources:
+            raise PyggspecError(None, f"weight '{src}' is not loaded from a file")
+        _file, info = self._sources[skey]
+        if info.n_dims != 2 or not 0 < n_rows <= info.ne[1]:
+            raise PyggspecError(None, f"'{src}' {info.shape}: no subset of {n_rows} rows")
+        dev = self._devices[skey]
+        sub = replace(info, ne=(info.ne[0], n_rows, 1, 1),
+                      nbytes=info.nbytes // info.ne[1] * n_rows)
+        ctx = Context(1)
+        self._contexts.append(ctx)
+        t = ctx.new_tensor(info.type.id, sub.shape, key)
+        buft = None
+        if self._repack_types and dev.is_cpu:
+            buft = _repack_choice(dev, self._repack_types, key, sub)
+        buf = (Buffer.in_buffer_type(ctx, buft, dev, f"{key} ({buft.name})", USAGE_WEIGHTS)
+               if buft is not None else Buffer.for_context(ctx, dev, key, USAGE_WEIGHTS))
+        if buf is None:
+            raise DeviceError(dev.name, f"could not allocate {key}")
+        if buft is not None:
+            self._repacked[key] = buft.name
+        self.buffers.append(buf)
+        tctx = Context(2)
+        self._contexts.append(tctx)
+        ids = tctx.new_tensor(GGMLType.I32, (1, n_rows), key + ".ids")
+        pos = tctx.new_tensor(GGMLType.I32, (1, info.ne[1]), key + ".pos")
+        self.buffers.append(Buffer.for_context(tctx, dev, key + " tables", USAGE_WEIGHTS))
+        for k, x in ((key, t), (key + ".ids", ids), (key + ".pos", pos)):
+            self._tensors[k] = x
+            self._devices[k] = dev
+        self._subsets[key] = skey
+        return t, ids, pos
+
+    def fill_row_subset(self, key: str, ids: np.ndarray) -> None:
+        """Write rows ``ids`` (int32, ``len(ids)`` = the subset's rows) of the subset's
+        source into ``key`` from the file (quantized rows are self-contained, so a row
+        copy is exact), the ids into ``key.ids`` and their inverse into ``key.pos``: pos[id] = the id's row in the
+        subset, ``len(ids)`` (one past the last) for ids outside it."""
+        import numpy as np
+
+        skey = self._subsets[key]
+        file, info = self._sources[skey]
+        raw = np.asarray(file.tensor_data(info.name)).reshape(info.ne[1], -1)
+        self._tensors[key].set(memoryview(np.ascontiguousarray(raw[ids])))  # raw bytes
+        self._tensors[key + ".ids"].set(np.ascontiguousarray(ids, np.int32))
+        pos = np.full(info.ne[1], len(ids), np.int32)
+        pos[ids] = np.arange(len(ids), dtype=np.int32)
+        self._tensors[key + ".pos"].set(pos)
 
     # -- lifetime --------------------------------------------------------------------------
     def close(self) -> None:
