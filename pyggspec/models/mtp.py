@@ -231,6 +231,10 @@ class MtpGraph:
             if plan is not None:
                 # coupled drafts: the rows' sampler chains (with the target's noise for each
                 # token) in the graph; the logits stay an output for a host fallback
+                # argmax and confidence read the set's own rows (PAD never wins, adds 0 to
+                # a softmax; the set's ids ascend, so ties go to the same id): not the
+                # widened [n_vocab] rows the chains need
+                narrow = logits
                 if self.hot is not None:
                     logits = _widen_hot(ctx, logits, self.hot.pos)
                 elif logits.ne[0] < plan.n_vocab:
@@ -238,22 +242,20 @@ class MtpGraph:
                 self.logits = logits.set_output()
                 graph.expand(logits)
                 self.sampling = plan.build(ctx, graph, logits, 1)
-                ids = b.cb(ctx.argmax(logits), "mtp_argmax")
-                self.ids = ids.set_output()
-                graph.expand(self.ids)
+                src = narrow if self.hot is not None else logits
+                ids = b.cb(ctx.argmax(src), "mtp_argmax")
                 if shape.confidence:
                     # the head's confidence (its argmax's probability): the draft-length
                     # budget's measure, whichever token the chain drew; a full-vocabulary
                     # softmax, so only when a budget reads it
-                    self.top = self._top_prob(b, ctx, logits, ids, shape.n_outputs).set_output()
+                    self.top = self._top_prob(b, ctx, src, ids, shape.n_outputs).set_output()
                     graph.expand(self.top)
+                self.ids = self._hot_ids(b, ctx, ids, shape.n_outputs).set_output()
+                graph.expand(self.ids)
             elif shape.device_argmax:
                 ids = b.cb(ctx.argmax(logits), "mtp_argmax")
                 self.top = self._top_prob(b, ctx, logits, ids, shape.n_outputs).set_output()
-                if self.hot is not None:  # a row of the set -> its token id
-                    ids = ctx.reshape(ctx.get_rows(self.hot.ids, ids), (shape.n_outputs,))
-                    ids = b.cb(ids, "mtp_hot_ids")
-                self.ids = ids.set_output()
+                self.ids = self._hot_ids(b, ctx, ids, shape.n_outputs).set_output()
                 self.logits = None
                 graph.expand(self.ids)
                 graph.expand(self.top)
@@ -265,6 +267,12 @@ class MtpGraph:
             ctx.close()
             raise
         self._finish(shape, n, n_embd)
+
+    def _hot_ids(self, b, ctx: Context, ids: Tensor, n_out: int) -> Tensor:
+        """Argmax rows -> token ids: through the hot set's ids when drafting over it."""
+        if self.hot is None:
+            return ids
+        return b.cb(ctx.reshape(ctx.get_rows(self.hot.ids, ids), (n_out,)), "mtp_hot_ids")
 
     @staticmethod
     def _top_prob(b, ctx: Context, logits: Tensor, ids: Tensor, n_out: int) -> Tensor:
