@@ -49,7 +49,8 @@ IDLE_EXPLORE_MAX = 512  # most declined steps between two that draft anyway
 RATE_DECAY = 0.95  # weight of the old average in the realized rate (about 20 steps)
 RECENT = 9  # observations per shape whose median is its cost
 PLAIN_PROBES = 2  # plain steps measured at a batch size before drafting there
-EXPLORE_SHARE = 0.01  # most of the time exploring steps may lose while the budget declines
+EXPLORE_SHARE = 0.003  # most of the time exploring steps are predicted to lose while declining
+LOSS_REFRESH = 16  # declined steps between two predictions that drafting still loses
 
 
 @dataclass
@@ -150,6 +151,10 @@ class DraftBudget:
         self._pred: dict[int, list[float]] = {}
         self._limit = n_max  # the most drafts per sequence this step (the plan's)
         self._explore = False
+        # the last loss found while declining, for which batch, and for how many steps
+        self._loss_key: tuple | None = None
+        self._loss_val = 0.0
+        self._loss_age = 0
 
     # -- costs -------------------------------------------------------------------------------
     def modeled_cost(self, B: int, T: int) -> float | None:
@@ -221,7 +226,7 @@ class DraftBudget:
             # so high that the budget drafted on where every fixed length lost
             self.plain_probes += 1
             return 0
-        loss = self._loss(B, limit, caps, regimes)
+        loss = self._declining_loss(B, limit, caps, regimes)
         if loss > 0:
             self._n_idle += 1
             if not self.idle_explore_every or self._n_idle < self._explore_wait(B, loss):
@@ -237,6 +242,21 @@ class DraftBudget:
         self._n_drafting += 1
         self._explore = bool(self.explore_every) and self._n_drafting % self.explore_every == 0
         return limit
+
+    def _declining_loss(self, B: int, limit: int, caps: Sequence[int],
+                        regimes: Sequence[str]) -> float:
+        """:meth:`_loss`, computed again only every :data:`LOSS_REFRESH` steps while the
+        budget keeps declining the same batch: nothing it reads changes then but the plain
+        steps' cost, a median that moves slowly, and a declined step's host time is what
+        the default costs beyond plain decoding where speculation cannot pay."""
+        key = (B, limit, tuple(caps), tuple(regimes))
+        if key == self._loss_key and self._loss_age < LOSS_REFRESH:
+            self._loss_age += 1
+            return self._loss_val
+        loss = self._loss(B, limit, caps, regimes)
+        self._loss_key, self._loss_val, self._loss_age = (key, loss, 1) if loss > 0 else (
+            None, 0.0, 0)
+        return loss
 
     def _loss(self, B: int, limit: int, caps: Sequence[int], regimes: Sequence[str]) -> float:
         """Milliseconds the best draft length is predicted to lose against plain decoding
@@ -340,6 +360,7 @@ class DraftBudget:
     def record(self, slot: int, confs: Sequence[float], n: int) -> None:
         """``slot``'s drafts (their confidences) were verified; the first ``n`` accepted.
         Positions past the first rejection were never judged and teach nothing."""
+        self._loss_key = None  # the acceptance moved: predict the loss afresh
         pred = self._pred.get(slot, [])
         regime = self._regime.get(slot, "greedy")
         for i in range(min(len(confs), n + 1)):
@@ -376,6 +397,7 @@ class DraftBudget:
         whose steps drafted to the cap); costs and the acceptance model stay."""
         self.chosen = [0] * (self.n_max + 1)
         self.declined = self.plain_probes = 0
+        self._loss_key = None
         self._rate.clear()
         self._n_drafting = self._n_idle = 0
         self._idle_next = self.idle_explore_every

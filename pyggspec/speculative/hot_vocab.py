@@ -26,6 +26,7 @@ REFRESH_MIN_TOKENS = 1024  # and at least this many tokens since the last choice
 MAX_SHARE = 0.02  # the subset's rows may cost at most this share of the weights' bytes
 MIN_ROWS = 4096  # a smaller set would miss too much text to pay
 MAX_ROWS = 32768
+SHORT = 8  # token lists up to this long are counted in plain Python
 
 
 def hot_rows(n_vocab: int, row_bytes: int, weight_bytes: int, asked: int | None) -> int:
@@ -65,6 +66,8 @@ class HotVocab:
     def observe(self, tokens, emitted: bool) -> bool:
         """Count ``tokens`` (a prompt's, or ``emitted`` by the target); True when the set
         should be chosen again (:meth:`choose`)."""
+        if len(tokens) <= SHORT:
+            return self._observe_short(tokens, emitted)
         t = np.asarray(tokens, np.int64).reshape(-1)
         t = t[(t >= 0) & (t < self.n_vocab)]
         if not len(t):
@@ -79,6 +82,30 @@ class HotVocab:
             self.n_emitted_in += int(hit.sum())
         self.misses += int(len(t) - hit.sum())
         self.seen += len(t)
+        return self.misses >= REFRESH_MISSES and self.seen >= REFRESH_MIN_TOKENS
+
+    def _observe_short(self, tokens, emitted: bool) -> bool:
+        """:meth:`observe` for the few tokens of one decode step, in plain Python: numpy's
+        per-call overhead (array, mask, ``add.at``) was most of a declined step's host
+        time beyond plain decoding's."""
+        counts, member, n_vocab = self.counts, self.member, self.n_vocab
+        a = 1.0 / COVERAGE_WINDOW
+        n = n_in = 0
+        for t in tokens:
+            t = int(t)
+            if not 0 <= t < n_vocab:
+                continue
+            counts[t] += 1
+            h = bool(member[t])
+            n += 1
+            n_in += h
+            if emitted:
+                self.coverage += a * (h - self.coverage)
+        if emitted:
+            self.n_emitted += n
+            self.n_emitted_in += n_in
+        self.misses += n - n_in
+        self.seen += n
         return self.misses >= REFRESH_MISSES and self.seen >= REFRESH_MIN_TOKENS
 
     def choose(self) -> np.ndarray:
