@@ -70,6 +70,24 @@ def test_refresh_is_due_after_misses_and_tokens(monkeypatch):
     assert h2.observe([1, 2], emitted=True)
 
 
+def test_a_steps_few_tokens_count_as_a_prompts_many(monkeypatch):
+    """The short path (a decode step's tokens, plain Python) keeps exactly the state the
+    numpy path keeps for the same tokens: counts, coverage, misses, out-of-range ids."""
+    rng = np.random.default_rng(0)
+    steps = [list(rng.integers(-2, 130, rng.integers(1, 6))) for _ in range(400)]
+    fast, slow = HotVocab(128, 16), HotVocab(128, 16)
+    for i, t in enumerate(steps):
+        emitted = i % 3 != 0
+        due = fast.observe(t, emitted)
+        monkeypatch.setattr(hot_vocab, "SHORT", -1)  # every list through numpy
+        assert slow.observe(np.array(t), emitted) == due
+        monkeypatch.setattr(hot_vocab, "SHORT", 8)
+    assert np.array_equal(fast.counts, slow.counts)
+    assert fast.coverage == pytest.approx(slow.coverage, abs=1e-12)
+    assert (fast.misses, fast.seen, fast.n_emitted, fast.n_emitted_in) == (
+        slow.misses, slow.seen, slow.n_emitted, slow.n_emitted_in)
+
+
 # --- the graphs ---------------------------------------------------------------------------
 @pytest.mark.parametrize("device_argmax", [True, False])
 def test_hot_logits_are_the_heads_rows(dense, make_engine, device_argmax):
@@ -200,3 +218,30 @@ def test_options_conflict_and_parse(dense):
     r = CliRunner().invoke(main, [*base, "--spec-draft-hot-vocab", "lots"])
     assert r.exit_code != 0 and "expected auto, off or a number" in r.output
     assert "Traceback" not in r.output
+
+
+def test_metrics_report_the_hot_vocabulary(dense):
+    """GET /metrics: size, in use, coverage, choices -- what --json's spec.hot_vocab says."""
+    from fastapi.testclient import TestClient
+
+    from pyggspec.engine import Engine
+    from pyggspec.serving.http.app import create_app
+    from pyggspec.serving.http.state import ServerConfig
+
+    with Engine(dense, n_ctx=256, n_parallel=1, n_threads=1, spec_type="draft-mtp",
+                spec=SpecConfig(n_max=2, hot_vocab=512)) as e:
+        app = create_app(e, ServerConfig(model_id="m", model_path=str(dense), n_predict=16))
+        with TestClient(app) as c:
+            assert c.post("/completion", json={"prompt": PROMPTS[0], "n_predict": 16}
+                          ).status_code == 200
+            text = c.get("/metrics").text
+            want = e.drafter.hot.to_dict()
+    got = {ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in text.splitlines()
+           if ln.startswith("pyggspec:spec_draft_hot_vocab_")}
+    assert got["pyggspec:spec_draft_hot_vocab_size"] == 512
+    assert got["pyggspec:spec_draft_hot_vocab_active"] == float(want["active"])
+    assert got["pyggspec:spec_draft_hot_vocab_coverage"] == pytest.approx(want["coverage"])
+    assert got["pyggspec:spec_draft_hot_vocab_choices_total"] == want["choices"]
+    assert got["pyggspec:spec_draft_hot_vocab_emitted_in_set"] == pytest.approx(
+        want["emitted_in_set"])
+    assert "# TYPE pyggspec:spec_draft_hot_vocab_active gauge" in text

@@ -752,7 +752,8 @@ class Scheduler:
         ``decode_busy_slots`` (sequences summed over both),
         ``queue_depth``, ``busy_slots``, ``n_slots``, ``tokens_per_second`` (generation,
         recent), ``prompt_tokens_per_second``; ``draft_budget`` (the calibrated draft-length
-        budget's lengths, costs and calibration report) when it decides."""
+        budget's lengths, costs and calibration report) when it decides; ``hot_vocab``
+        (the draft head's hot vocabulary: size, in use, coverage, choices) when it has one."""
         with self._lock:
             m: dict[str, Any] = dict(self._counts)
             st = self.stats
@@ -773,6 +774,9 @@ class Scheduler:
         budget = self.worker.policy
         if budget is not None:  # the draft-length budget
             m["draft_budget"] = budget.to_dict()
+        drafter = self.worker.drafter
+        if drafter is not None and drafter.hot is not None:
+            m["hot_vocab"] = drafter.hot.to_dict()
         return m
 
     def memory(self) -> dict[str, Any]:

@@ -332,6 +332,32 @@ def budget_families(budget: Mapping[str, Any] | None) -> list[Metric]:
                 int(budget.get("declined_steps", 0))), n, pred, obs]
 
 
+def hot_vocab_families(hot: Mapping[str, Any] | None) -> list[Metric]:
+    """The draft head's hot vocabulary (``HotVocab.to_dict()``): how many ids it holds,
+    whether drafts use it now, the running share of emitted tokens inside it (it is used
+    while that is >= 0.97), the share over the server's life, and how often it was chosen
+    again -- so a scrape shows when real traffic falls outside it (drafts then score the
+    whole vocabulary: slower, never wrong)."""
+    if not hot:
+        return []
+    out = [Metric("spec_draft_hot_vocab_size", "gauge",
+                  "Token ids the draft head's hot vocabulary holds.").add(int(hot["size"])),
+           Metric("spec_draft_hot_vocab_active", "gauge",
+                  "1 while drafts are scored over the hot vocabulary, 0 over the whole one."
+                  ).add(int(bool(hot["active"]))),
+           Metric("spec_draft_hot_vocab_coverage", "gauge",
+                  "Running share of emitted tokens inside the hot vocabulary (~256 tokens)."
+                  ).add(float(hot["coverage"])),
+           Metric("spec_draft_hot_vocab_choices_total", "counter",
+                  "Times the hot vocabulary was chosen again from the tokens seen."
+                  ).add(int(hot["choices"]))]
+    if hot.get("emitted_in_set") is not None:
+        out.append(Metric("spec_draft_hot_vocab_emitted_in_set", "gauge",
+                          "Share of all emitted tokens that were inside the set of their time."
+                          ).add(float(hot["emitted_in_set"])))
+    return out
+
+
 def prometheus_text(counters: ServeMetrics, sched: Mapping[str, Any],
                     memory: Mapping[str, Mapping[str, int]] | None) -> str:
     """The whole ``GET /metrics`` body: llama-server's ``llamacpp:`` series, then
@@ -350,6 +376,7 @@ def prometheus_text(counters: ServeMetrics, sched: Mapping[str, Any],
             int(sched["decode_steps"])),
     ]
     extra += budget_families(sched.get("draft_budget"))
+    extra += hot_vocab_families(sched.get("hot_vocab"))
     ours = counters.families(busy_slots=int(sched["busy_slots"]), n_slots=int(sched["n_slots"]),
                              queued=int(sched["queue_depth"]), memory=memory, extra=extra)
     llama = counters.llamacpp_families(
