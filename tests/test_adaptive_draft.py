@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 
 import pytest
 
@@ -324,11 +325,25 @@ def test_declined_steps_run_as_plain_steps_and_keep_the_head_in_step(paths, make
         plain, lean = w._plain, [0]
         w._plain = lambda items, out, carry=False: (
             lean.__setitem__(0, lean[0] + carry) or plain(items, out, carry))
+        # the pairs owed by the declined steps go through the head on their own when
+        # drafting resumes, and the step's cost leaves them out (a slow catch-up here)
+        flush, flushed, walls = w.drafter.flush, [], []
+
+        def slow_flush(*slots):
+            flushed.append([len(w.drafter.carry[s].tokens) for s in slots])
+            time.sleep(0.3)
+            flush(*slots)
+
+        w.drafter.flush = slow_flush
+        observe_step = policy.observe_step
+        policy.observe_step = lambda B, T, ms, *a: walls.append(ms) or observe_step(B, T, ms, *a)
         g = e.generate(prompt, max_tokens=90, ignore_eos=True)
     assert g.tokens == ref
     # declined steps ran plain, but the one that wrote 32 owed pairs (it runs the head)
     assert lean[0] >= 30 and lean[0] + verify[0] == g.spec.n_steps
     assert g.spec.acceptance > 0.8 and g.spec.n_drafted > 20
+    assert len(flushed) == 1 and flushed[0][0] > 3  # the owed pairs, once
+    assert walls and max(walls) < 300  # not in any step's cost
 
 
 def test_fixed_length_flag(paths, make_engine):

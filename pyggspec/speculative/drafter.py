@@ -476,13 +476,18 @@ class MtpDrafter:
             self.carry[slot] = Carry.start(pos0 + len(tokens), h[-1])
         self.draft(reqs)
 
-    def flush(self, slot: int) -> None:
-        """Write the slot's owed pairs now (a new request continues from its cache)."""
-        c = self.carry.get(slot)
-        if c is None or not c.tokens:
-            return
-        self.draft([DraftRequest(slot, c.pos0, list(c.tokens), c.hidden[:-1], 0)])
-        self.carry[slot] = Carry.start(c.pos0 + len(c.tokens), c.hidden[-1])
+    def flush(self, *slots: int) -> None:
+        """Write these slots' owed pairs now, in one batch (a new request continues from
+        its cache; or drafting resumes after declined steps)."""
+        reqs = []
+        for slot in slots:
+            c = self.carry.get(slot)
+            if c is None or not c.tokens:
+                continue
+            reqs.append(DraftRequest(slot, c.pos0, list(c.tokens), c.hidden[:-1], 0))
+            self.carry[slot] = Carry.start(c.pos0 + len(c.tokens), c.hidden[-1])
+        if reqs:
+            self.draft(reqs)
 
     def forget(self, slot: int) -> None:
         """The slot's MTP pairs after its cache length are unknown from now on."""
