@@ -118,6 +118,40 @@ class Weights:
         return sum(self._tensors[k].nbytes for k in self._repacked)
 
     # -- derived weights --------------------------------------------------------------------
+    def _source(self, src: str) -> tuple[str, ModelFile, TensorInfo]:
+        """(key, file, tensor info) of weight ``src`` as loaded from its file."""
+        skey = self._resolve(src)
+        if skey not in self._sources:
+            raise PyggspecError(None, f"weight '{src}' is not loaded from a file")
+        return (skey, *self._sources[skey])
+
+    def _new_weight(self, key: str, dev: Device, info: TensorInfo) -> Tensor:
+        """One derived weight shaped and typed as ``info``, under ``key`` on ``dev``, in its
+        own buffer: a CPU repack buffer type when these weights were loaded with repacking
+        and ggml takes ``info`` there. Registered; its data is the caller's to write."""
+        from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
+        from pyggspec.ggml.context import Context
+
+        ctx = Context(1)
+        self._contexts.append(ctx)
+        t = ctx.new_tensor(info.type.id, info.shape, key)
+        buft = None
+        if self._repack_types and dev.is_cpu:
+            buft = _repack_choice(dev, self._repack_types, key, info)
+        if buft is not None:
+            buf = Buffer.in_buffer_type(ctx, buft, dev, f"{key} ({buft.name})", USAGE_WEIGHTS)
+        else:
+            buf = Buffer.for_context(ctx, dev, key, USAGE_WEIGHTS)
+        if buf is None:
+            raise DeviceError(dev.name, f"could not allocate {key}"
+                              + (f" in {buft.name}" if buft is not None else ""))
+        if buft is not None:
+            self._repacked[key] = buft.name
+        self.buffers.append(buf)
+        self._tensors[key] = t
+        self._devices[key] = dev
+        return t
+
     def add_requantized(self, key: str, src: str, type_name: str,
                         chunk_rows: int = 8192) -> Tensor:
         """A copy of weight ``src`` in another ggml type, under ``key``, on the same device
@@ -131,15 +165,10 @@ class Weights:
         import numpy as np
         from gguf.quants import GGMLQuantizationType, dequantize
 
-        from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
-        from pyggspec.ggml.context import Context
         from pyggspec.ggml.quantize import quantize_rows
         from pyggspec.modelfile import ggml_type
 
-        skey = self._resolve(src)
-        if skey not in self._sources:
-            raise PyggspecError(None, f"weight '{src}' is not loaded from a file")
-        file, info = self._sources[skey]
+        skey, file, info = self._source(src)
         dst = ggml_type(type_name)
         ne0, n_rows = info.ne[0], int(np.prod(info.ne[1: info.n_dims]))
         if ne0 % dst.block_size:
@@ -152,64 +181,33 @@ class Weights:
             rows = dequantize(raw[r0:r0 + chunk_rows], GGMLQuantizationType(info.type.id))
             rows = rows.reshape(-1, ne0)
             out[r0 * rb:(r0 + len(rows)) * rb] = quantize_rows(dst.id, rows)
-        dev = self._devices[skey]
-        ctx = Context(1)
-        self._contexts.append(ctx)
-        t = ctx.new_tensor(dst.id, info.shape, key)
-        buft = None
-        if self._repack_types and dev.is_cpu:
-            buft = _repack_choice(dev, self._repack_types, key, replace(info, type=dst))
-        if buft is not None:
-            buf = Buffer.in_buffer_type(ctx, buft, dev, f"{key} ({buft.name})", USAGE_WEIGHTS)
-            if buf is None:
-                raise DeviceError(dev.name, f"could not allocate {key} in {buft.name}")
-            self._repacked[key] = buft.name
-        else:
-            buf = Buffer.for_context(ctx, dev, key, USAGE_WEIGHTS)
-        self.buffers.append(buf)
+        t = self._new_weight(key, self._devices[skey], replace(info, type=dst))
         t.set(memoryview(out))
-        self._tensors[key] = t
-        self._devices[key] = dev
         return t
 
     def add_row_subset(self, key: str, src: str, n_rows: int) -> tuple[Tensor, Tensor, Tensor]:
         """Room for ``n_rows`` rows of 2-D weight ``src`` (same type, same device; a repack
         buffer where ``src`` could be repacked) under ``key``, with two int32 tables: the
         rows' ids in ``src`` (``key.ids``, [1, n_rows]) and their inverse (``key.pos``, [1,
-        src's rows]); all filled by :meth:`fill_row_subset`. For the draft head's hot vocabulary: a few percent of
-        the LM head's rows, rewritten when the chosen rows change."""
+        src's rows]); all filled by :meth:`fill_row_subset`. For the draft head's hot
+        vocabulary: a few percent of the LM head's rows, rewritten when the chosen rows
+        change."""
         from pyggspec.ggml.buffer import USAGE_WEIGHTS, Buffer
         from pyggspec.ggml.context import Context
         from pyggspec.ggml.dtypes import GGMLType
 
-        skey = self._resolve(src)
-        if skey not in self._sources:
-            raise PyggspecError(None, f"weight '{src}' is not loaded from a file")
-        _file, info = self._sources[skey]
+        skey, _file, info = self._source(src)
         if info.n_dims != 2 or not 0 < n_rows <= info.ne[1]:
             raise PyggspecError(None, f"'{src}' {info.shape}: no subset of {n_rows} rows")
         dev = self._devices[skey]
-        sub = replace(info, ne=(info.ne[0], n_rows, 1, 1),
-                      nbytes=info.nbytes // info.ne[1] * n_rows)
-        ctx = Context(1)
-        self._contexts.append(ctx)
-        t = ctx.new_tensor(info.type.id, sub.shape, key)
-        buft = None
-        if self._repack_types and dev.is_cpu:
-            buft = _repack_choice(dev, self._repack_types, key, sub)
-        buf = (Buffer.in_buffer_type(ctx, buft, dev, f"{key} ({buft.name})", USAGE_WEIGHTS)
-               if buft is not None else Buffer.for_context(ctx, dev, key, USAGE_WEIGHTS))
-        if buf is None:
-            raise DeviceError(dev.name, f"could not allocate {key}")
-        if buft is not None:
-            self._repacked[key] = buft.name
-        self.buffers.append(buf)
+        t = self._new_weight(key, dev, replace(info, ne=(info.ne[0], n_rows, 1, 1),
+                                               nbytes=info.nbytes // info.ne[1] * n_rows))
         tctx = Context(2)
         self._contexts.append(tctx)
         ids = tctx.new_tensor(GGMLType.I32, (1, n_rows), key + ".ids")
         pos = tctx.new_tensor(GGMLType.I32, (1, info.ne[1]), key + ".pos")
         self.buffers.append(Buffer.for_context(tctx, dev, key + " tables", USAGE_WEIGHTS))
-        for k, x in ((key, t), (key + ".ids", ids), (key + ".pos", pos)):
+        for k, x in ((key + ".ids", ids), (key + ".pos", pos)):
             self._tensors[k] = x
             self._devices[k] = dev
         self._subsets[key] = skey
@@ -218,12 +216,12 @@ class Weights:
     def fill_row_subset(self, key: str, ids: np.ndarray) -> None:
         """Write rows ``ids`` (int32, ``len(ids)`` = the subset's rows) of the subset's
         source into ``key`` from the file (quantized rows are self-contained, so a row
-        copy is exact), the ids into ``key.ids`` and their inverse into ``key.pos``: pos[id] = the id's row in the
-        subset, ``len(ids)`` (one past the last) for ids outside it."""
+        copy is exact), the ids into ``key.ids`` and their inverse into ``key.pos``:
+        pos[id] = the id's row in the subset, ``len(ids)`` (one past the last) for ids
+        outside it."""
         import numpy as np
 
-        skey = self._subsets[key]
-        file, info = self._sources[skey]
+        file, info = self._sources[self._subsets[key]]
         raw = np.asarray(file.tensor_data(info.name)).reshape(info.ne[1], -1)
         self._tensors[key].set(memoryview(np.ascontiguousarray(raw[ids])))  # raw bytes
         self._tensors[key + ".ids"].set(np.ascontiguousarray(ids, np.int32))
