@@ -342,11 +342,13 @@ class MtpGraph:
                              argmax=self._ids.copy(), argmax_probs=top)
         if self.ids is None and self.hot is not None:  # logits over the hot rows
             lg, hot_ids = self._logits, self.hot.host_ids
+            ids = hot_ids[lg.argmax(axis=1)].astype(np.int32)
+            if not mb.logits:  # argmax drafts: nothing reads the logits
+                return MtpResult(ids, argmax_probability(lg), self._h_out.copy())
+            # the rows' chains draw over every id (their noise is keyed by it)
             wide = np.full((len(lg), self.n_vocab), PAD_LOGIT, np.float32)
             wide[:, hot_ids] = lg
-            ids = hot_ids[lg.argmax(axis=1)].astype(np.int32)
-            top = self._top if mb.logits else argmax_probability(lg)
-            return MtpResult(ids, top, self._h_out.copy(), wide)
+            return MtpResult(ids, self._top, self._h_out.copy(), wide)
         if self.ids is None:  # host argmax + full-vocabulary softmax probability
             lg = self._logits
             ids = lg.argmax(axis=1).astype(np.int32)
