@@ -67,41 +67,29 @@ class HotVocab:
         """Count ``tokens`` (a prompt's, or ``emitted`` by the target); True when the set
         should be chosen again (:meth:`choose`)."""
         if len(tokens) <= SHORT:
-            return self._observe_short(tokens, emitted)
+            # a decode step's few tokens in plain Python: numpy's per-call overhead (array,
+            # mask, ``add.at``) was most of a declined step's host time beyond plain decoding's
+            hits = []
+            for t in tokens:
+                t = int(t)
+                if 0 <= t < self.n_vocab:
+                    self.counts[t] += 1
+                    hits.append(bool(self.member[t]))
+            return self._tally(hits, sum(hits), emitted)
         t = np.asarray(tokens, np.int64).reshape(-1)
         t = t[(t >= 0) & (t < self.n_vocab)]
-        if not len(t):
-            return False
         np.add.at(self.counts, t, 1)
-        hit = self.member[t]
+        hits = self.member[t]
+        return self._tally(hits, int(hits.sum()), emitted)
+
+    def _tally(self, hits, n_in: int, emitted: bool) -> bool:
+        """The coverage average, misses and counts after tokens whose membership is
+        ``hits`` (``n_in`` of them inside the set)."""
+        n = len(hits)
         if emitted:
             a = 1.0 / COVERAGE_WINDOW
-            for h in hit:
+            for h in hits:
                 self.coverage += a * (float(h) - self.coverage)
-            self.n_emitted += len(t)
-            self.n_emitted_in += int(hit.sum())
-        self.misses += int(len(t) - hit.sum())
-        self.seen += len(t)
-        return self.misses >= REFRESH_MISSES and self.seen >= REFRESH_MIN_TOKENS
-
-    def _observe_short(self, tokens, emitted: bool) -> bool:
-        """:meth:`observe` for the few tokens of one decode step, in plain Python: numpy's
-        per-call overhead (array, mask, ``add.at``) was most of a declined step's host
-        time beyond plain decoding's."""
-        counts, member, n_vocab = self.counts, self.member, self.n_vocab
-        a = 1.0 / COVERAGE_WINDOW
-        n = n_in = 0
-        for t in tokens:
-            t = int(t)
-            if not 0 <= t < n_vocab:
-                continue
-            counts[t] += 1
-            h = bool(member[t])
-            n += 1
-            n_in += h
-            if emitted:
-                self.coverage += a * (h - self.coverage)
-        if emitted:
             self.n_emitted += n
             self.n_emitted_in += n_in
         self.misses += n - n_in
