@@ -63,8 +63,9 @@ log = logging.getLogger("pyggspec.speculative")
 # time made them ~8x rarer. 256 at a time against 32, where the budget declines (one
 # process, 8 alternating reps of 128 tokens, ~0.70 bench models, outputs identical): Q8_0
 # 0.9855 and 1.0027 (the latter with Carry's rows no longer joined at every step), Q4_K_M
-# 0.992 -- under 1%, inside the noise of one run. The first draft after a pause catches
-# up in the same run (a one-layer batch of up to 256 rows).
+# 0.992 -- under 1%, inside the noise of one run. When drafting resumes after a pause the
+# worker writes them first, in a batch of their own (Worker._flush_owed), outside the
+# drafting step's measured cost.
 OWED_PAIRS_MAX = 256
 
 
