@@ -169,7 +169,9 @@ def test_forced_keeps_everything_and_records_predictions():
     assert run_step(b, [0.01, 0.01, 0.01]) == 3
     b.record(0, [0.01, 0.01, 0.01], 1)  # first accepted, second rejected, third not judged
     rows = b.acceptance.report()["greedy"]
-    assert rows == [{"conf": [0.01, 0.05], "n": 2, "predicted": 0.03, "observed": 0.5}]
+    lo, hi = EDGES[conf_bin(0.01)], EDGES[conf_bin(0.01) + 1]  # unseen: the bin's midpoint
+    assert rows == [{"conf": [lo, hi], "n": 2, "predicted": round((lo + hi) / 2, 4),
+                     "observed": 0.5}]
     b.observe_step(1, 4, 50.0, 2)
     assert b.to_dict()["chosen_lengths"] == [0, 0, 0, 1]
     b.reset_counts()

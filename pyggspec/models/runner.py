@@ -82,6 +82,9 @@ class GraphRunner:
         self.last_build_ms = 0.0
         self.compute_ms_total = 0.0  # device time of all steps (graph compute)
         self.build_ms_total = 0.0  # graph builds and (re)allocations
+        # the part of build_ms_total spent building graphs (not allocating a built one):
+        # once per shape, so a step's cost as the draft budget learns it leaves it out
+        self.new_graph_ms_total = 0.0
 
     def register_plan(self, plan) -> int:
         """An id for a sampling plan whose device part graphs of this runner append (a
@@ -115,8 +118,11 @@ class GraphRunner:
         """Run the graph for ``shape``: ``feed(g)`` writes inputs, ``read(g)`` returns outputs."""
         t0 = time.perf_counter()
         sched = self.sched_for(shape)
+        built = False
 
         def counted(s: Hashable) -> Any:
+            nonlocal built
+            built = True
             self.n_builds += 1
             if s in self._built:
                 self.n_rebuilds += 1
@@ -139,6 +145,8 @@ class GraphRunner:
         self.last_build_ms = (t_alloc - t0) * 1000
         self.compute_ms_total += (t2 - t1) * 1000
         self.build_ms_total += self.last_build_ms
+        if built:
+            self.new_graph_ms_total += self.last_build_ms
         return out
 
     def close(self) -> None:

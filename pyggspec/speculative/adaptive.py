@@ -5,10 +5,10 @@ sides move: acceptance with the content, the head's confidence in *this* draft, 
 temperature; costs with the device, the quantization and the batch size. So nothing here
 is a fixed length (``--spec-draft-n-max`` is only the cap):
 
-* **whether to draft** this step (:meth:`DraftBudget.plan`): when no length, with the
-  acceptance observed so far per position, is predicted to beat a step that drafts
-  nothing, the step drafts nothing and the MTP head rests (its owed pairs are written
-  later in one batch); after ``idle_explore_every`` declined steps one drafts anyway, so
+* **whether to draft** this step (:meth:`DraftBudget.plan`): when what the gate below
+  would make of the head's usual first-draft confidences (:func:`gated_value`) is not
+  predicted to beat a step that drafts nothing, the step drafts nothing and the MTP head
+  rests (its owed pairs are written later in one batch); after ``idle_explore_every`` declined steps one drafts anyway, so
   a change in the content is noticed -- the wait doubling (to ``IDLE_EXPLORE_MAX``) each
   time it finds drafting still loses, and never shorter than what keeps such steps below
   ``explore_share`` of the time (each costs what drafting is predicted to lose); the
@@ -204,9 +204,9 @@ class DraftBudget:
 
     # -- per step ----------------------------------------------------------------------------
     def plan(self, slots: Sequence[int], caps: Sequence[int], regimes: Sequence[str]) -> int:
-        """Most drafts per sequence this step: the cap, or 0 when no draft length is
-        predicted to beat plain decoding (the head's mean acceptance per position,
-        before any confidence is known). Drafting now and then anyway keeps it measured."""
+        """Most drafts per sequence this step: the cap, or 0 when drafting, gated by the
+        confidences the head usually offers, is not predicted to beat plain decoding
+        (:meth:`_loss`). Drafting now and then anyway keeps it measured."""
         B = len(slots)
         self._B = B
         self._regime = dict(zip(slots, regimes))
@@ -245,42 +245,64 @@ class DraftBudget:
 
     def _declining_loss(self, B: int, limit: int, caps: Sequence[int],
                         regimes: Sequence[str]) -> float:
-        """:meth:`_loss`, computed again only every :data:`LOSS_REFRESH` steps while the
-        budget keeps declining the same batch: nothing it reads changes then but the plain
-        steps' cost, a median that moves slowly, and a declined step's host time is what
-        the default costs beyond plain decoding where speculation cannot pay."""
+        """:meth:`_loss`, computed again only every :data:`LOSS_REFRESH` steps of the same
+        batch (sooner after a verified draft while declining: an exploring step may have
+        found that drafting pays again). Nothing it reads moves fast -- the acceptance
+        table and the costs' medians -- and the per-step host time is what the default
+        costs beyond plain decoding where speculation cannot pay."""
         key = (B, limit, tuple(caps), tuple(regimes))
         if key == self._loss_key and self._loss_age < LOSS_REFRESH:
             self._loss_age += 1
             return self._loss_val
         loss = self._loss(B, limit, caps, regimes)
-        self._loss_key, self._loss_val, self._loss_age = (key, loss, 1) if loss > 0 else (
-            None, 0.0, 0)
+        if loss is None:  # a cost or the confidences unknown: draft, and measure
+            self._loss_key = None
+            return 0.0
+        self._loss_key, self._loss_val, self._loss_age = key, loss, 1
         return loss
 
-    def _loss(self, B: int, limit: int, caps: Sequence[int], regimes: Sequence[str]) -> float:
-        """Milliseconds the best draft length is predicted to lose against plain decoding
-        of the tokens it yields (the head's mean acceptance per position); 0 when some
-        length pays or a cost is unknown (then draft, and measure)."""
-        plain = self.plain_rate(B)
-        if plain is None:
-            return 0.0
-        loss = float("inf")
-        for k in range(1, limit + 1):
-            cost = self.step_cost(B, k + 1)
+    def _loss(self, B: int, limit: int, caps: Sequence[int], regimes: Sequence[str],
+              ) -> float | None:
+        """Milliseconds a drafting step is predicted to lose against plain decoding of the
+        tokens it yields, 0 when it gains; None when a cost or the head's confidences are
+        not known yet.
+
+        A drafting step runs the head once for every sequence, and the gate
+        (:meth:`decide`) then verifies drafts only where their confidence makes them pay
+        -- so drafting is worth what the gate makes of the confidences the head offers,
+        not what every draft would yield: :func:`gated_value` over the spread of
+        first-draft confidences seen lately. Judged by the mean acceptance per position
+        instead, the Q8_0 ~0.70 bench model declined every step at ``-np 1`` where fixed
+        n_max 3 gained 5-7%: a sixth of its first drafts are accepted 99% of the time
+        (three drafts then pay), the rest 70% (none pays)."""
+        plain = self.step_cost(B, 1)
+        mtp = self.costs.estimate("mtp", B, 1)
+        if not plain or mtp is None:
+            return None
+        rate = B / plain
+        extra = []
+        for L in range(1, limit + 1):
+            cost = self.step_cost(B, L + 1)
             if cost is None:
-                return 0.0
-            tokens = B
-            for r, c in zip(regimes, caps):
-                p = 1.0
-                for i in range(min(k, c)):
-                    m = self.acceptance.mean(r, i)
-                    p *= 1.0 if m is None else m  # unseen: optimistic, so it gets measured
-                    tokens += p
-            if tokens / cost > plain:
-                return 0.0
-            loss = min(loss, cost - tokens / plain)
-        return loss
+                return None
+            extra.append((cost - plain) * rate)  # in tokens plain decoding makes meanwhile
+        acc = self.acceptance
+        tables = []
+        for r, c in zip(regimes, caps):
+            spread = acc.offered(r)
+            if not spread:
+                return None
+            gains = np.zeros((len(spread), limit))
+            for i, (conf, _) in enumerate(spread):
+                p, total = 1.0, 0.0
+                for L in range(min(limit, c)):
+                    p *= acc.predict(r, L, conf)
+                    total += p
+                    gains[i, L] = total
+                gains[i, min(limit, c):] = total
+            tables.append((np.array([w for _, w in spread]), gains))
+        value = gated_value(tables, np.array(extra), mtp * rate)
+        return 0.0 if value > 0 else -value / rate
 
     def _explore_wait(self, B: int, loss: float) -> float:
         """Declined steps before one drafts anyway: the backed-off wait, and at least as
@@ -310,6 +332,9 @@ class DraftBudget:
         B = self._B or len(slots)
         acc = self.acceptance
         regimes = [self._regime.get(s, "greedy") for s in slots]
+        if j == 0:  # what the gate is offered: the spread plan() values drafting by
+            for r, c in zip(regimes, confs):
+                acc.offer(r, c)
         surv = []
         for s, r, c in zip(slots, regimes, confs):
             a = acc.predict(r, j, c)
@@ -360,7 +385,8 @@ class DraftBudget:
     def record(self, slot: int, confs: Sequence[float], n: int) -> None:
         """``slot``'s drafts (their confidences) were verified; the first ``n`` accepted.
         Positions past the first rejection were never judged and teach nothing."""
-        self._loss_key = None  # the acceptance moved: predict the loss afresh
+        if self._loss_val > 0:  # declining: an exploring step may find drafting pays again
+            self._loss_key = None
         pred = self._pred.get(slot, [])
         regime = self._regime.get(slot, "greedy")
         for i in range(min(len(confs), n + 1)):
@@ -408,6 +434,40 @@ class DraftBudget:
                 "costs_ms": self.costs.to_dict(),
                 "rate_tokens_per_ms": {str(b): round(r, 5) for b, r in sorted(self._rate.items())},
                 "calibration": self.acceptance.report()}
+
+
+GATED_EXACT = 4096  # confidence combinations over a batch enumerated; beyond, sampled
+
+
+def gated_value(tables: Sequence[tuple[np.ndarray, np.ndarray]], extra: np.ndarray,
+                mtp: float) -> float:
+    """Expected tokens a drafting step yields beyond plain decoding's, for a gate that
+    sees each sequence's first-draft confidence and then chooses the batch's length.
+
+    ``tables``: per sequence, the shares of its confidence bins and, per bin, the expected
+    accepted drafts of lengths 1..L (``[bins, L]``); ``extra[L-1]``: what a step with ``L``
+    drafts costs beyond a plain one, in tokens plain decoding makes in that time;
+    ``mtp``: the head's run, paid even when the gate drops every draft. The gate takes the
+    best length for the confidences it sees (or none), so the value is the expectation of
+    that maximum over the batch's confidences: enumerated when there are at most
+    :data:`GATED_EXACT` combinations, else sampled (a fixed seed: the same tables give the
+    same value)."""
+    n_comb = 1
+    for shares, _ in tables:
+        n_comb *= len(shares)
+    if n_comb <= GATED_EXACT:
+        prob, total = np.ones(1), np.zeros((1, extra.size))
+        for shares, gains in tables:
+            prob = (prob[:, None] * shares[None, :]).reshape(-1)
+            total = (total[:, None, :] + gains[None, :, :]).reshape(-1, extra.size)
+    else:
+        rng = np.random.default_rng(0)
+        n = GATED_EXACT
+        prob, total = np.full(n, 1.0 / n), np.zeros((n, extra.size))
+        for shares, gains in tables:
+            total += gains[rng.choice(len(shares), size=n, p=shares / shares.sum())]
+    best = np.maximum((total - extra[None, :]).max(axis=1), 0.0)
+    return float(prob @ best) - mtp
 
 
 def calibrate(engine, rows: Sequence[int], slot: int = 0, reps: int = 2) -> CostModel:

@@ -35,14 +35,19 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-# bin edges over the confidence [0, 1]: logarithmic below 0.05, finer towards 1
-EDGES = (0.0, 1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7,
-         0.8, 0.9, 0.95, 0.98, 0.995, 1.0)
+# bin edges over the confidence [0, 1]: logarithmic below 0.05 (eight to a decade: over a
+# trimmed vocabulary the bench models' first drafts fall in 2.5e-4..2.5e-3, and acceptance
+# climbs from 0.3 to 1.0 across that decade), finer towards 1
+LOG_EDGES = tuple(round(10 ** (k / 8), 12) for k in range(-40, -10))  # 1e-5 .. 0.042
+EDGES = (0.0, *LOG_EDGES, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98,
+         0.995, 1.0)
 N_BINS = len(EDGES) - 1
 N_POS = 4  # positions 1, 2, 3 and "4 or later"
 CELL_PRIOR = 4.0  # pseudo-counts of the bin's all-position estimate in a cell
 BIN_PRIOR = 4.0  # pseudo-counts of the regime's overall rate in a bin's estimate
 REGIME_PRIOR = 4.0  # pseudo-counts of the bin's midpoint in the regime's overall rate
+REBUILD_EVERY = 8  # records between two rebuilds of a regime's estimates (once seeded)
+OFFERED_WINDOW = 1024  # first drafts whose confidences make the spread (older weigh less)
 
 
 def conf_bin(conf: float) -> int:
@@ -66,8 +71,52 @@ class _Table:
     n_pred: list[float] = field(default_factory=lambda: [0.0] * N_BINS)
     n_all: float = 0.0  # over every position and bin
     acc_all: float = 0.0
-    # estimates by (position, bin) until the next record (which moves the regime's rate)
-    cache: dict[tuple[int, int], float] = field(default_factory=dict)
+    # estimates [position][bin], rebuilt after REBUILD_EVERY records (None: build it)
+    table: list[list[float]] | None = None
+    stale: int = 0
+    # first drafts *offered* per bin (verified or dropped by the gate), halved now and then
+    offered: list[float] = field(default_factory=lambda: [0.0] * N_BINS)
+    n_offered: float = 0.0
+
+
+def _monotone(values: list[float], weights: list[float], use: list[bool]) -> list[float]:
+    """``values`` made non-decreasing over the entries where ``use`` (pool adjacent
+    violators, weighted); the others stay as they are. A more confident draft is not less
+    likely to be accepted: where a bin's few drafts say otherwise, that is noise, and a
+    gate that takes the best of noisy bins is fooled by it."""
+    idx = [i for i, u in enumerate(use) if u]
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for i in idx:
+        blocks.append([values[i], weights[i], 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, w2, c2 = blocks.pop()
+            m1, w1, c1 = blocks[-1]
+            blocks[-1] = [(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2, c1 + c2]
+    out = list(values)
+    k = 0
+    for m, _, c in blocks:
+        for i in idx[k:k + c]:
+            out[i] = m
+        k += c
+    return out
+
+
+def _estimates(t: _Table) -> list[list[float]]:
+    """Every (position, bin) estimate of a regime (see the module docstring), each
+    position's made monotone in the confidence over the bins it has drafts in."""
+    n_bin = [sum(t.n[i][b] for i in range(N_POS)) for b in range(N_BINS)]
+    a_bin = [sum(t.acc[i][b] for i in range(N_POS)) for b in range(N_BINS)]
+    est = []
+    for b in range(N_BINS):
+        base = (t.acc_all + REGIME_PRIOR * _midpoint(b)) / (t.n_all + REGIME_PRIOR)
+        est.append((a_bin[b] + BIN_PRIOR * base) / (n_bin[b] + BIN_PRIOR))
+    est = _monotone(est, [n + BIN_PRIOR for n in n_bin], [n > 0 for n in n_bin])
+    table = []
+    for p in range(N_POS):
+        row = [(t.acc[p][b] + CELL_PRIOR * est[b]) / (t.n[p][b] + CELL_PRIOR)
+               for b in range(N_BINS)]
+        table.append(_monotone(row, [n + CELL_PRIOR for n in t.n[p]], [n > 0 for n in t.n[p]]))
+    return table
 
 
 class AcceptanceModel:
@@ -86,19 +135,32 @@ class AcceptanceModel:
     def predict(self, regime: str, pos: int, conf: float) -> float:
         """Acceptance of a draft at 0-based position ``pos`` with confidence ``conf``."""
         b = conf_bin(conf)
-        p = min(pos, N_POS - 1)
         t = self._tables.get(regime)
         if t is None:
             return _midpoint(b)
-        got = t.cache.get((p, b))
-        if got is None:
-            n_bin = sum(t.n[i][b] for i in range(N_POS))
-            a_bin = sum(t.acc[i][b] for i in range(N_POS))
-            base = (t.acc_all + REGIME_PRIOR * _midpoint(b)) / (t.n_all + REGIME_PRIOR)
-            bin_est = (a_bin + BIN_PRIOR * base) / (n_bin + BIN_PRIOR)
-            got = t.cache[(p, b)] = (t.acc[p][b] + CELL_PRIOR * bin_est) / (t.n[p][b]
-                                                                             + CELL_PRIOR)
-        return got
+        if t.table is None:
+            t.table = _estimates(t)
+        return t.table[min(pos, N_POS - 1)][b]
+
+    def offer(self, regime: str, conf: float) -> None:
+        """A first draft with ``conf`` was made (whether the gate then keeps it or not)."""
+        t = self._table(regime)
+        t.offered[conf_bin(conf)] += 1.0
+        t.n_offered += 1.0
+        if t.n_offered >= 2 * OFFERED_WINDOW:  # old content weighs half: follow a change
+            t.offered = [x / 2 for x in t.offered]
+            t.n_offered /= 2
+
+    def offered(self, regime: str) -> list[tuple[float, float]]:
+        """How the head's confidence in its first draft is spread: (a confidence in the
+        bin, share) per bin with any, from the first drafts offered; before any was, from
+        the first drafts verified. Empty: nothing known."""
+        t = self._tables.get(regime)
+        if t is None:
+            return []
+        counts = t.offered if t.n_offered else t.n[0]
+        total = sum(counts)
+        return [(_midpoint(b), c / total) for b, c in enumerate(counts) if c] if total else []
 
     def mean(self, regime: str, pos: int) -> float | None:
         """The observed acceptance at ``pos`` over all confidences (None: never seen)."""
@@ -123,7 +185,9 @@ class AcceptanceModel:
         if predicted is not None:
             t.pred[b] += predicted
             t.n_pred[b] += 1
-        t.cache.clear()  # the regime's rate moved, so every bin's estimate did
+        t.stale += 1
+        if t.stale >= REBUILD_EVERY or t.n_all <= REBUILD_EVERY:
+            t.table, t.stale = None, 0  # the estimates moved: built again when next asked
 
     def report(self) -> dict:
         """Per regime, per confidence bin with drafts: drafts verified, mean predicted
