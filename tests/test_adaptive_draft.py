@@ -7,11 +7,18 @@ import random
 import re
 import time
 
+import numpy as np
 import pytest
 
 from pyggspec.models.batch import padded_rows
-from pyggspec.speculative.adaptive import CostModel, DraftBudget
-from pyggspec.speculative.calibration import EDGES, AcceptanceModel, conf_bin
+from pyggspec.speculative.adaptive import GATED_EXACT, CostModel, DraftBudget, gated_value
+from pyggspec.speculative.calibration import (
+    EDGES,
+    OFFERED_WINDOW,
+    AcceptanceModel,
+    _monotone,
+    conf_bin,
+)
 
 
 def costs(step: float, per_row: float, mtp: float, B: int = 1, T_max: int = 6) -> CostModel:
@@ -110,6 +117,91 @@ def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
     assert run_step(b, [0.99, 0.99, 0.99]) == 3
     assert run_step(b, [0.3, 0.3, 0.3]) == 0
     assert run_step(b, [0.99, 0.3, 0.3]) == 2
+
+
+def test_gated_value_is_the_expected_best_length_over_the_confidences():
+    """One sequence: a fifth of its first drafts are near-certain, the rest accepted 70%
+    of the time. Three drafts pay for the former (2.94 tokens for 1.9), none for the latter
+    (1.53): drafting with the gate is worth 0.2 x 1.04 less the head's run, while every
+    length judged by the mean of the two loses."""
+    gains = np.array([[0.99, 1.97, 2.94], [0.7, 1.19, 1.53]])
+    extra, mtp = np.array([1.0, 1.4, 1.9]), 0.05
+    assert gated_value([(np.array([0.2, 0.8]), gains)], extra, mtp) == pytest.approx(
+        0.2 * (2.94 - 1.9) - mtp)
+    mean = 0.2 * gains[0] + 0.8 * gains[1]
+    assert (mean - extra).max() < 0
+    # two sequences share one length: every pair of confidences, weighted
+    two = gated_value([(np.array([0.2, 0.8]), gains)] * 2, 2 * extra, 2 * mtp)
+    want = sum(pa * pb * max(0.0, (gains[a] + gains[b] - 2 * extra).max())
+               for a, pa in enumerate((0.2, 0.8)) for b, pb in enumerate((0.2, 0.8)))
+    assert two == pytest.approx(want - 2 * mtp)
+
+
+def test_gated_value_samples_big_batches_close_to_the_exact_value():
+    rng = np.random.default_rng(1)
+    shares = rng.random(9)
+    shares /= shares.sum()
+    gains = np.cumsum(rng.random((9, 3)), axis=1)
+    tables = [(shares, gains)] * 4
+    assert 9 ** 4 > GATED_EXACT
+    combos = np.array(np.meshgrid(*[np.arange(9)] * 4, indexing="ij")).reshape(4, -1).T
+    extra = np.array([2.0, 4.0, 6.0])
+    total = sum(gains[combos[:, i]] for i in range(4))
+    prob = np.prod(shares[combos], axis=1)
+    exact = float(prob @ np.maximum((total - extra).max(axis=1), 0))
+    got = gated_value(tables, extra, 0.0)
+    assert got == pytest.approx(exact, rel=0.05)
+    assert gated_value(tables, extra, 0.0) == got  # seeded: the same tables, the same value
+
+
+def test_drafting_is_judged_with_the_gate_not_by_the_mean():
+    """The case above through plan(): the head's first drafts are spread as offered (a
+    fifth confident); the budget drafts, and its gate then verifies the confident drafts
+    only. Offered only hesitant first drafts, it declines."""
+    c = CostModel()
+    for T, ms in ((1, 32.0), (2, 64.0), (3, 80.0), (4, 90.0)):
+        c.observe("verify", 1, T, ms)
+        c.observe("step", 1, T, ms)
+    c.observe("step", 1, 1, 32.0)
+    c.observe("mtp", 1, 1, 1.5)
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.5, 0.7)], reps=100)
+    mixed = budget(c, model=m)
+    for i in range(100):
+        mixed.acceptance.offer("greedy", 0.99 if i % 5 == 0 else 0.5)
+    assert mixed.plan([0], [3], ["greedy"]) == 3
+    assert run_step(mixed, [0.99, 0.99, 0.99]) == 3 and run_step(mixed, [0.5, 0.5, 0.5]) == 0
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.5, 0.7)], reps=100)
+    hesitant = budget(c, model=m)
+    for _ in range(100):
+        hesitant.acceptance.offer("greedy", 0.5)
+    assert hesitant.plan([0], [3], ["greedy"]) == 0 and hesitant.declined == 1
+
+
+def test_offered_confidences_follow_the_content():
+    """The spread is of first drafts offered (kept or dropped); before any, of those
+    verified; old offers weigh half once a window is full, so a change shows."""
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 1.0)], reps=3)
+    b = conf_bin(0.99)
+    assert m.offered("greedy") == [(pytest.approx((EDGES[b] + EDGES[b + 1]) / 2), 1.0)]
+    assert m.offered("q@1") == []
+    for _ in range(2 * OFFERED_WINDOW - 1):
+        m.offer("greedy", 0.3)
+    for _ in range(OFFERED_WINDOW + OFFERED_WINDOW // 2):  # as many, and the old halved
+        m.offer("greedy", 0.9)
+    shares = {conf_bin(c): w for c, w in m.offered("greedy")}
+    assert shares[conf_bin(0.9)] > 0.5 > shares[conf_bin(0.3)] > 0
+
+
+def test_acceptance_is_monotone_in_confidence():
+    """A bin with a few unlucky drafts does not predict below a less confident one: the
+    gate takes the best of the bins, and noise made a bin with 6 drafts look worse than
+    its neighbours on the bench model."""
+    assert _monotone([0.5, 0.3, 0.9], [1, 1, 1], [True] * 3) == pytest.approx([0.4, 0.4, 0.9])
+    assert _monotone([0.5, 0.1, 0.3], [3, 1, 1], [True, False, True]) == pytest.approx(
+        [0.45, 0.1, 0.45])  # weighted; the unused middle entry is left alone
+    m = learnt(AcceptanceModel(), "greedy", [(3e-4, 0.5), (6e-4, 0.3), (1e-3, 0.9)], reps=60)
+    p = [m.predict("greedy", 0, c) for c in (3e-4, 6e-4, 1e-3)]
+    assert p == sorted(p) and p[2] > 0.8
 
 
 def test_plain_decoding_is_measured_at_each_batch_size_before_drafting():
