@@ -23,6 +23,9 @@ from typing_extensions import Self
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build")) / "bin"
+# llama-quantize always comes from this build (0.3.36's unless PYGGSPEC_LLAMACPP_BUILD says
+# otherwise), whichever llama-server build is compared: the bench models stay the same files
+QUANTIZE_TOOLS = TOOLS
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
 
 
@@ -82,8 +85,8 @@ def engine_offload_kw() -> str:
     return kw
 
 
-def tool(name: str) -> Path:
-    p = TOOLS / name
+def tool(name: str, tools: Path | None = None) -> Path:
+    p = (tools or TOOLS) / name
     if not p.exists():
         sys.exit(f"{p} not found; run scripts/build_llamacpp_tools.sh first")
     return p
@@ -101,7 +104,7 @@ def bench_model(agreement: float, qtype: str) -> Path:
     if not dst.exists():
         print(f"quantizing {src.name} -> {qtype}", file=sys.stderr)
         tmp = dst.with_suffix(".tmp")
-        subprocess.run([str(tool("llama-quantize")), str(src), str(tmp), qtype, "2"],
+        subprocess.run([str(tool("llama-quantize", QUANTIZE_TOOLS)), str(src), str(tmp), qtype, "2"],
                        check=True, capture_output=True)
         tmp.rename(dst)
     return dst
