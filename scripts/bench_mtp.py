@@ -78,6 +78,10 @@ t = res.timings.to_dict(host=True)
 out = {{"tokens": [r.tokens for r in res], "python_ms": t["python_ms_per_step"],
        "tps": t["predicted_per_second"] if {P} == 1 else
               sum(len(r.tokens) for r in res) / wall}}
+if e.draft_policy is not None:  # what the default chose in this process, and by what costs
+    budget = e.draft_policy.to_dict()
+    budget.pop("calibration", None)
+    out["budget"] = budget
 """
     return benchlib.run_engine(path, f"n_ctx={args.ctx}, n_parallel={P}, "
                                f"n_threads={args.threads}{kw}", body)
@@ -141,7 +145,8 @@ def main() -> int:
                                  else run_llama(path, args, P, n_max or 0, flag))
                     print(f"{agr} {qt} np{P} rep {rep} {name:16s} {got[name]['tps']:7.2f} t/s "
                           f" accept {got[name].get('accept', float('nan')):.3f} "
-                          f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+                          f"({time.monotonic() - t0:.0f}s){budget_line(got[name])}",
+                          file=sys.stderr)
                 reps.append(got)
             table.append(summarize(agr, qt, P, reps, repacks, [b for b, _ in builds]))
             if args.json_out:  # after every row: a run cut short keeps what it measured
@@ -149,6 +154,16 @@ def main() -> int:
                                                      "reps": args.reps, "rows": table}))
     print_table(table, args)
     return 0
+
+
+def budget_line(res: dict) -> str:
+    """The default's choices in one run: steps per verify length (0 drafts first), declined
+    steps, and the whole-step costs it judged by (ms, batch x rows)."""
+    b = res.get("budget")
+    if not b:
+        return ""
+    steps = {k[len("step:"):]: v for k, v in b["costs_ms"].items() if k.startswith("step:")}
+    return f"  lengths {b['chosen_lengths']} declined {b['declined_steps']} steps_ms {steps}"
 
 
 def summarize(agr: float, qt: str, P: int, reps: list[dict[str, dict]],
@@ -181,6 +196,8 @@ def summarize(agr: float, qt: str, P: int, reps: list[dict[str, dict]],
     row["ours_speedup"] = {n: round(paired(n, "ours plain"), 3) for n in names
                            if n.startswith("ours") and n != "ours plain"}
     row["ours_speedup_spread"] = {n: spread(n, "ours plain") for n in row["ours_speedup"]}
+    if "ours default" in names:  # per repetition: what the default chose, and why
+        row["default_budgets"] = [r["ours default"].get("budget") for r in reps]
     fixed = [n for n in names if n.startswith("ours n=")]
     if fixed and "ours default" in names:
         best_fixed = max(fixed, key=med)
