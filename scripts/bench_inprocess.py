@@ -12,7 +12,8 @@ themselves cost (docs/benchmarks.md row 38). Not a comparison with llama-server.
     python3 scripts/bench_inprocess.py --agreement 0.95 --type Q8_0 --parallel 4 \\
         --engines default fixed=2 --reps 6
 
-Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``fixed=N``
+Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``declining``
+(the default made to decline every step: the declined path's own cost), ``fixed=N``
 (``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` after a speculative
 one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE``. The first engine is the reference of the
 ratios. Each repetition runs every engine once (order reversed every other repetition);
@@ -54,12 +55,18 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
         return Engine(str(path), **kw)
     if base == "default":
         return Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
+    if base == "declining":  # the default whose budget declines every step, never exploring:
+        # what the declined path itself costs against plain decoding
+        e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
+        e.draft_policy._declining_loss = lambda *a: float("inf")
+        e.draft_policy.idle_explore_every = 0
+        return e
     if base.startswith("fixed="):
         n = int(base.split("=", 1)[1])
         return Engine(str(path), spec_type="draft-mtp",
                       spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
     raise SystemExit(f"bench_inprocess: unknown engine {spec!r} "
-                     "(plain, default, fixed=N; +dv=N, +head=TYPE)")
+                     "(plain, default, declining, fixed=N; +dv=N, +head=TYPE)")
 
 
 def main() -> int:
@@ -105,7 +112,9 @@ def main() -> int:
               "ratios_ms_vs_" + ref: {}, "same_outputs_as_" + ref: {}, "budgets": {}}
     for name in names[1:]:
         r = sorted(b / a for a, b in zip(ms[ref], ms[name]))
+        q = len(r) // 4
         report["ratios_ms_vs_" + ref][name] = {"median": round(statistics.median(r), 4),
+                                               "iqr": [round(r[q], 3), round(r[-q - 1], 3)],
                                                "spread": [round(r[0], 3), round(r[-1], 3)]}
         report["same_outputs_as_" + ref][name] = outs[name] == outs[ref]
     for name, e in engines.items():
