@@ -23,8 +23,9 @@ from typing_extensions import Self
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(os.environ.get("PYGGSPEC_LLAMACPP_BUILD", ROOT / ".cache" / "llama.cpp-build")) / "bin"
-# llama-quantize always comes from this build (0.3.36's unless PYGGSPEC_LLAMACPP_BUILD says
-# otherwise), whichever llama-server build is compared: the bench models stay the same files
+# llama-quantize comes from this build (0.3.36's unless PYGGSPEC_LLAMACPP_BUILD or
+# --llama-build says otherwise), whichever llama-server build a run compares with next:
+# the bench models stay the same files
 QUANTIZE_TOOLS = TOOLS
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pyggspec" / "bench"
 
@@ -56,7 +57,9 @@ def set_offload(args) -> None:
     OFFLOAD.ngl = getattr(args, "ngl", None)
     OFFLOAD.device = getattr(args, "device", None)
     if getattr(args, "llama_build", None):
+        global QUANTIZE_TOOLS
         use_llama_build(args.llama_build)
+        QUANTIZE_TOOLS = TOOLS  # the one build named: its llama-quantize too, as before
 
 
 def use_llama_build(build: str | os.PathLike) -> None:
