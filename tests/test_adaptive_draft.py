@@ -81,9 +81,8 @@ def run_step(b: DraftBudget, confs: list[float], slot: int = 0) -> int:
     k = b.plan([slot], [b.n_max], ["greedy"])
     kept = 0
     for j in range(k):
-        keep, more = b.decide(j, [slot], [confs[j]])[0]
-        kept += keep
-        if not (keep and more):
+        kept, more = b.decide(j, [slot], [confs[j]])[0]
+        if kept <= j or not more:
             break
     return kept
 
@@ -103,8 +102,9 @@ def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
     row is the dear one, later ones cost 2 ms each; an MTP run 8): one draft costs 48 ms
     for at most a token and loses to plain decoding's 32 ms per token, three together pay
     (100 ms for ~3.9 tokens). Judged one draft at a time the budget kept none; chosen as
-    a whole length it keeps three, none when the head is unsure, and once the dear row is
-    paid for, a cheap further row even for an unsure draft."""
+    a whole length it keeps three, none when the head is unsure, and once two sure drafts
+    pay for the dear row, a cheap further row even for an unsure one. A sure first draft
+    with an unsure second is dropped too: the two would cost 74 ms for ~2.29 tokens."""
     c = CostModel()
     for T, ms in ((1, 32.0), (2, 72.0), (3, 74.0), (4, 76.0)):
         c.observe("verify", 1, T, ms)
@@ -116,7 +116,8 @@ def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
     b = budget(c, model=m)
     assert run_step(b, [0.99, 0.99, 0.99]) == 3
     assert run_step(b, [0.3, 0.3, 0.3]) == 0
-    assert run_step(b, [0.99, 0.3, 0.3]) == 2
+    assert run_step(b, [0.99, 0.99, 0.3]) == 3
+    assert run_step(b, [0.99, 0.3, 0.3]) == 0
 
 
 def test_gated_value_is_the_expected_best_length_over_the_confidences():
@@ -241,6 +242,26 @@ def test_no_drafting_where_it_cannot_pay():
     assert good.plan([0], [0], ["greedy"]) == 0 and good.plan([], [], []) == 0
 
 
+def test_a_length_is_chosen_again_after_each_draft_down_to_none():
+    """The first draft is confident, so three are planned; the second comes out unsure.
+    Verifying the first alone would pay the dear row (72 ms against a plain step's 32) for
+    at most one token: both are dropped and the step decodes plainly (the head's runs are
+    paid either way). With a confident third the first two stay with it."""
+    c = CostModel()
+    for T, ms in ((1, 32.0), (2, 72.0), (3, 74.0), (4, 76.0)):
+        c.observe("verify", 1, T, ms)
+    c.observe("mtp", 1, 1, 8.0)
+    c.observe("step", 1, 1, 32.0)
+    c.observe("step", 1, 1, 32.0)
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 1.0), (0.25, 0.1)])
+    b = budget(c, model=m)
+    assert b.plan([0], [3], ["greedy"]) == 3
+    assert b.decide(0, [0], [0.99]) == [(1, True)]
+    assert b.decide(1, [0], [0.25]) == [(0, False)]
+    assert b._pred[0] == [] and b._surv[0] == 1.0  # nothing verified, nothing recorded
+    assert run_step(b, [0.99, 0.99, 0.99]) == 3
+
+
 def test_batch_spends_the_verify_row_where_acceptance_is_predicted():
     """One verify shape for the batch: a row that costs a whole step is worth it only when
     the sequences' expected tokens together pay for it."""
@@ -248,9 +269,9 @@ def test_batch_spends_the_verify_row_where_acceptance_is_predicted():
     m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.25, 0.2)])
     b = budget(c, model=m)
     assert b.plan([0, 1], [3, 3], ["greedy"] * 2) == 3
-    assert b.decide(0, [0, 1], [0.99, 0.99]) == [(True, True)] * 2
+    assert b.decide(0, [0, 1], [0.99, 0.99]) == [(1, True)] * 2
     b.plan([0, 1], [3, 3], ["greedy"] * 2)
-    assert b.decide(0, [0, 1], [0.25, 0.25]) == [(False, False)] * 2
+    assert b.decide(0, [0, 1], [0.25, 0.25]) == [(0, False)] * 2
     b.plan([0, 1], [3, 3], ["greedy"] * 2)
     assert b.decide(0, [0, 1], [0.99, 0.25])[0][0]  # one confident sequence pays the row
 

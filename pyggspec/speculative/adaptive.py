@@ -148,6 +148,7 @@ class DraftBudget:
         self._B = 0
         self._regime: dict[int, str] = {}
         self._surv: dict[int, float] = {}
+        self._cum: dict[int, list[float]] = {}  # per slot, that of every draft kept
         self._pred: dict[int, list[float]] = {}
         self._limit = n_max  # the most drafts per sequence this step (the plan's)
         self._explore = False
@@ -211,6 +212,7 @@ class DraftBudget:
         self._B = B
         self._regime = dict(zip(slots, regimes))
         self._surv = dict.fromkeys(slots, 1.0)
+        self._cum = {s: [] for s in slots}
         self._pred = {s: [] for s in slots}
         limit = self._limit = min(self.n_max, max(caps, default=0))
         if B == 0 or limit <= 0:
@@ -316,19 +318,23 @@ class DraftBudget:
         return wait
 
     def decide(self, j: int, slots: Sequence[int], confs: Sequence[float],
-               ) -> list[tuple[bool, bool]]:
+               ) -> list[tuple[int, bool]]:
         """The drafter's gate after an MTP run: draft ``j`` (0-based) of each of ``slots``
-        with the head's confidence in it. Per slot (keep it, draft one more).
+        with the head's confidence in it. Per slot (how many of its drafts to keep -- ``j +
+        1`` keeps them all, fewer drops this one and some made before it --, draft one more).
 
         The choice is the whole length, not the next draft alone: for every total ``L``
-        from ``j`` (drop draft ``j``) to the cap, the batch's expected tokens from drafts
-        ``j..L-1`` (each sequence's chance that a draft and every one before it survive;
-        drafts past ``j`` predicted from this confidence at their positions) less the rate
-        times what ``L`` costs (its verify step, and the MTP runs still to make). Draft
-        ``j`` is kept when the best ``L`` includes it, and one more is drafted when the best
-        ``L`` goes further. Verify cost is not convex in rows (on a 2-core AVX-512 CPU one
-        row 32 ms, two 72 ms, four 85 ms): judged one draft at a time, the first row's
-        jump hid that three drafts pay where one does not."""
+        from 0 to the cap, the batch's expected tokens from the first ``L`` drafts (each
+        sequence's chance that a draft and every one before it survive; drafts past ``j``
+        predicted from this confidence at their positions) less the rate times what ``L``
+        costs (its verify step, and the MTP runs still to make; the runs already made are
+        paid whatever is kept). Verify cost is not convex in rows (on a 2-core AVX-512 CPU
+        one row 32 ms, two 72 ms, four 85 ms): judged one draft at a time, the first row's
+        jump hid that three drafts pay where one does not. And a length chosen after the
+        first draft is chosen again after each later one, down to none: kept once chosen,
+        the first draft of a step whose second came out unsure was verified alone -- a
+        two-row step that on the Q4_K_M ~0.70 bench model yielded a token per 35 ms where
+        plain decoding yields one per 28."""
         B = self._B or len(slots)
         acc = self.acceptance
         regimes = [self._regime.get(s, "greedy") for s in slots]
@@ -342,33 +348,50 @@ class DraftBudget:
             surv.append(self._surv.get(s, 1.0) * a)
         if self.forced:
             for s, p in zip(slots, surv):
-                self._surv[s] = p
-            return [(True, True)] * len(slots)
-        best = self._best_length(B, j, surv, regimes, confs)
-        keep, more = (True, True) if best is None else (best > j, best > j + 1)
-        if self._explore and (not keep or not more):  # past where the budget stops: once
+                self._keep(s, p)
+            return [(j + 1, True)] * len(slots)
+        best = self._best_length(B, j, surv, regimes, confs, slots)
+        keep, more = (j + 1, True) if best is None else (min(best, j + 1), best > j + 1)
+        if self._explore and (keep <= j or not more):  # past where the budget stops: once
             self._explore = False
-            keep = more = True
-        if not keep:
+            keep, more = j + 1, True
+        if keep <= j:
             for s in slots:
-                self._pred[s].pop()
-            return [(False, False)] * len(slots)
+                del self._pred[s][keep:]
+                del self._cum.setdefault(s, [])[keep:]
+                self._surv[s] = self._cum[s][-1] if self._cum[s] else 1.0
+            return [(keep, False)] * len(slots)
         for s, p in zip(slots, surv):
-            self._surv[s] = p
-        return [(True, more)] * len(slots)
+            self._keep(s, p)
+        return [(keep, more)] * len(slots)
+
+    def _keep(self, slot: int, surv: float) -> None:
+        """``slot``'s next draft is kept, with ``surv`` the chance it and every one before
+        it are accepted."""
+        self._surv[slot] = surv
+        self._cum.setdefault(slot, []).append(surv)
 
     def _best_length(self, B: int, j: int, surv: Sequence[float], regimes: Sequence[str],
-                     confs: Sequence[float]) -> int | None:
-        """The total drafts (``j`` .. the cap) with the most expected tokens less their
-        cost at the batch's rate; None when a cost is not known yet (then draft: it gets
-        measured)."""
+                     confs: Sequence[float], slots: Sequence[int] = ()) -> int | None:
+        """The total drafts (0 .. the cap) with the most expected tokens less their cost
+        at the batch's rate; None when a cost is not known yet (then draft: it gets
+        measured). Lengths up to ``j`` keep drafts already made (``slots``' kept ones)."""
         mtp = self.costs.estimate("mtp", B, 1)
-        base = self._verify_step(B, j + 1)
-        if mtp is None or base is None:
+        if mtp is None:
             return None
         R = self.rate(B)
         acc = self.acceptance
-        best, best_net, gain = j, -R * base, 0.0
+        made = [sum(c[i] for s in slots if len(c := self._cum.get(s, ())) > i)
+                for i in range(j)]
+        best, best_net, gain = j, -float("inf"), 0.0
+        for L in range(j + 1):  # the first L drafts made: their runs are paid
+            v = self._verify_step(B, L + 1)
+            if v is None:
+                return None
+            if gain - R * v > best_net:
+                best, best_net = L, gain - R * v
+            if L < j:
+                gain += made[L]
         cur = list(surv)
         for L in range(j + 1, max(self._limit, j + 1) + 1):
             if L > j + 1:  # one more position, predicted from this draft's confidence

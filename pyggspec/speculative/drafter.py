@@ -115,10 +115,11 @@ class Carry:
 
 class DraftGate(Protocol):
     """Decides after each MTP run: draft ``j`` (0-based) of every still-drafting slot,
-    with the head's confidence in it -> per slot (keep it, draft one more)."""
+    with the head's confidence in it -> per slot (how many of its drafts to keep: ``j + 1``
+    keeps this one, fewer also drops some made before it; draft one more)."""
 
     def decide(self, j: int, slots: Sequence[int], confs: Sequence[float],
-               ) -> list[tuple[bool, bool]]: ...
+               ) -> list[tuple[int, bool]]: ...
 
 
 @dataclass
@@ -392,8 +393,9 @@ class MtpDrafter:
                 d = out[r.slot]
                 if self.p_min > 0 and probs[row] < self.p_min:
                     continue
-                keep, more = verdicts[i] if verdicts is not None else (True, True)
-                if not keep:
+                keep, more = verdicts[i] if verdicts is not None else (step + 1, True)
+                if keep <= step:  # this draft, and those from keep on, are not verified
+                    del d.tokens[keep:], d.probs[keep:], d.q[keep:]
                     continue
                 tok = int(ids[row])
                 d.tokens.append(tok)
