@@ -199,7 +199,11 @@ class Worker:
             self.policy.observe_step(len(items), 1, self._step_ms(t_step, cold), len(items), 0)
             return
         t_owed = self._flush_owed(drafting, caps, out) if budget else 0.0
+        t_head, cold_head = time.perf_counter(), self._new_graph_ms()
         drafts, n_mtp = self._draft(items, caps, drafting)
+        # the head's time in a step that drafted (not one that only wrote owed pairs)
+        head_ms = (self._step_ms(t_head, cold_head)
+                   if any(caps.get(s, 0) > 0 for s in drafting) else None)
         dtoks = [drafts[it.slot].tokens if it.slot in drafts else [] for it in items]
         qs = {it.slot: drafts[it.slot].q for it in items
               if it.slot in drafts and drafts[it.slot].q}
@@ -236,7 +240,7 @@ class Worker:
             T = max((len(d) for d in dtoks), default=0) + 1
             self.policy.observe_step(len(items), T, self._step_ms(t_step, cold) - t_owed * 1000,
                                      sum(len(out.seqs[it.slot].tokens) for it in items
-                                         if it.slot in out.seqs), n_mtp)
+                                         if it.slot in out.seqs), n_mtp, head_ms)
 
     def _new_graph_ms(self) -> float:
         """Milliseconds spent so far building graphs of new shapes (target and head)."""

@@ -107,6 +107,9 @@ def main() -> int:
                     help="compare with several llama-servers: each LABEL=BUILD folder (its "
                          "bin/llama-server) gets its own plain and n_max runs (e.g. "
                          "b11549=.cache/llama.cpp-b11549-build 0.3.36=.cache/llama.cpp-build)")
+    ap.add_argument("--no-llama", action="store_true",
+                    help="run only pyggspec (plain, default, fixed n_max): more repetitions "
+                         "of our own ratios in the same time")
     ap.add_argument("--llama-n-max", type=int, nargs="+", default=None,
                     help="llama-server's n_max values (default: --n-max)")
     ap.add_argument("--json-out", type=Path, help="also write the table's JSON here")
@@ -114,7 +117,8 @@ def main() -> int:
     args = ap.parse_args()
     benchlib.set_offload(args)
     repacks = {"both": [True, False], "on": [True], "off": [False]}[args.llama_repack]
-    builds = [tuple(b.split("=", 1)) for b in args.llama] or [("", None)]
+    builds = ([] if args.no_llama else
+              [tuple(b.split("=", 1)) for b in args.llama] or [("", None)])
 
     table = []
     models = ([(0.0, args.model.name, args.model)] if args.model else

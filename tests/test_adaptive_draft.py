@@ -123,19 +123,24 @@ def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
 def test_gated_value_is_the_expected_best_length_over_the_confidences():
     """One sequence: a fifth of its first drafts are near-certain, the rest accepted 70%
     of the time. Three drafts pay for the former (2.94 tokens for 1.9), none for the latter
-    (1.53): drafting with the gate is worth 0.2 x 1.04 less the head's run, while every
-    length judged by the mean of the two loses."""
+    (1.53): drafting with the gate is worth 0.2 x 1.04 less 0.8 times what the head's
+    dropped runs cost, while every length judged by the mean of the two loses."""
     gains = np.array([[0.99, 1.97, 2.94], [0.7, 1.19, 1.53]])
     extra, mtp = np.array([1.0, 1.4, 1.9]), 0.05
     assert gated_value([(np.array([0.2, 0.8]), gains)], extra, mtp) == pytest.approx(
-        0.2 * (2.94 - 1.9) - mtp)
+        0.2 * (2.94 - 1.9) - 0.8 * mtp)
     mean = 0.2 * gains[0] + 0.8 * gains[1]
     assert (mean - extra).max() < 0
     # two sequences share one length: every pair of confidences, weighted
     two = gated_value([(np.array([0.2, 0.8]), gains)] * 2, 2 * extra, 2 * mtp)
-    want = sum(pa * pb * max(0.0, (gains[a] + gains[b] - 2 * extra).max())
+    net = {(a, b): (gains[a] + gains[b] - 2 * extra).max() for a in (0, 1) for b in (0, 1)}
+    want = sum(pa * pb * (net[a, b] if net[a, b] + 2 * mtp > 0 else -2 * mtp)
                for a, pa in enumerate((0.2, 0.8)) for b, pb in enumerate((0.2, 0.8)))
-    assert two == pytest.approx(want - 2 * mtp)
+    assert two == pytest.approx(want)
+    # the head's first run is paid when the gate chooses: a length that loses less than
+    # it is still drafted (and its loss counted); dropped drafts may cost more (``drop``)
+    assert gated_value([(np.array([1.0]), gains[1:])], extra, 0.3) == pytest.approx(-0.21)
+    assert gated_value([(np.array([1.0]), gains[1:])], extra, 0.1, 0.5) == pytest.approx(-0.5)
 
 
 def test_gated_value_samples_big_batches_close_to_the_exact_value():
@@ -319,6 +324,36 @@ def test_a_one_row_step_that_ran_the_head_is_not_a_plain_step():
     assert b.step_cost(1, 1) == pytest.approx(34.0)
     assert b.plain_rate(1) == pytest.approx(1 / 34)
     assert b.chosen[0] == 8
+
+
+def test_a_step_whose_drafts_were_dropped_is_a_plain_step_after_the_head():
+    """Without the head's wall time, a step whose drafts were all dropped is a plain step:
+    it keeps plain decoding measured where the budget rarely declines (else only its
+    first, slow probe steps were), and the head's time is what a drop costs, which
+    judging whether to draft charges instead of the head's compute."""
+    b = budget(costs(step=34, per_row=30, mtp=2))
+    b.observe_step(1, 1, 45.0, 1)  # a slow first probe
+    for _ in range(4):
+        b.observe_step(1, 1, 39.0, 1, mtp_runs=2, head_ms=5.0)
+    assert b.step_cost(1, 1) == pytest.approx(34.0)
+    assert b.costs.ms[("drop", 1, 1)] == pytest.approx(5.0)
+    b.observe_step(1, 1, 36.0, 1, mtp_runs=1)  # no head time given: not a plain step
+    assert b.step_cost(1, 1) == pytest.approx(34.0) and b.chosen[0] == 6
+    c = CostModel()
+    for T, ms in ((1, 32.0), (2, 64.0), (3, 80.0), (4, 90.0)):
+        c.observe("verify", 1, T, ms)
+        c.observe("step", 1, T, ms)
+    c.observe("step", 1, 1, 32.0)
+    c.observe("mtp", 1, 1, 1.5)
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.5, 0.7)], reps=100)
+    b = budget(c, model=m)
+    for i in range(100):
+        b.acceptance.offer("greedy", 0.99 if i % 5 == 0 else 0.5)
+    assert b.plan([0], [3], ["greedy"]) == 3  # a fifth of sure drafts pay for 1.5 ms runs
+    for _ in range(3):
+        c.observe("drop", 1, 1, 12.0)  # but not for dropped drafts that cost 12 ms each
+    b._loss_key = None
+    assert b.plan([0], [3], ["greedy"]) == 0
 
 
 def test_exploring_while_declined_backs_off():

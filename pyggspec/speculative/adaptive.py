@@ -303,7 +303,12 @@ class DraftBudget:
                     gains[i, L] = total
                 gains[i, min(limit, c):] = total
             tables.append((np.array([w for _, w in spread]), gains))
-        value = gated_value(tables, np.array(extra), mtp * rate)
+        # what a drafting step whose drafts the gate all drops costs: the measured wall
+        # time of the head in such steps (the gate may drop after more than one run, and
+        # a run's wall time is above its compute), before any, one run's compute. A step
+        # the gate drafts in pays its runs inside its measured whole-step cost (extra)
+        drop = self.costs.ms.get(("drop", B, 1), mtp)
+        value = gated_value(tables, np.array(extra), mtp * rate, drop * rate)
         return 0.0 if value > 0 else -value / rate
 
     def _explore_wait(self, B: int, loss: float) -> float:
@@ -421,18 +426,28 @@ class DraftBudget:
         self.costs.observe(kind, B, T, ms)
 
     def observe_step(self, B: int, T: int, wall_ms: float, tokens: int, mtp_runs: int = 0,
-                     ) -> None:
+                     head_ms: float | None = None) -> None:
         """A whole step with ``T`` verify rows per sequence took ``wall_ms``, ran the MTP
-        head ``mtp_runs`` times and emitted ``tokens`` over the batch.
+        head ``mtp_runs`` times (``head_ms`` of its wall time) and emitted ``tokens`` over
+        the batch.
 
         A one-row step that ran the head (its drafts all dropped, or owed pairs written)
         is not a plain step: counted as one, it made plain decoding look a third slower
         than it is on the benchmark CPU (47 ms against 34 ms), so drafting that loses to
-        plain decoding looked as if it paid. Its cost is the plain step's plus its runs."""
+        plain decoding looked as if it paid. Without its head runs it is one, though, and
+        counts as one: where the budget drafts nearly every step, plain decoding was
+        otherwise known only from its first probe steps (right after the prompt, and
+        slow: 82 ms for a 4 x 1 step that takes 68-73, which made drafting look as if it
+        paid at ``-np 4`` on the Q4_K_M ~0.70 bench model, where it lost 9%). The head's
+        wall time in such a step is what a dropped draft costs (``drop``)."""
         self.chosen[min(T - 1, self.n_max)] += 1
         if T > 1 or not mtp_runs:
             self.costs.observe("step", B, T, wall_ms)
             cost = self.step_cost(B, T)  # this shape's typical time: one slow step is noise
+        elif head_ms is not None and 0.0 < head_ms < wall_ms:
+            self.costs.observe("step", B, 1, wall_ms - head_ms)
+            self.costs.observe("drop", B, 1, head_ms)
+            cost = self.step_cost(B, 1) + self.costs.ms[("drop", B, 1)]
         else:
             plain, mtp = self.step_cost(B, 1), self.costs.estimate("mtp", B, 1)
             cost = plain + mtp_runs * mtp if plain and mtp else wall_ms
@@ -463,16 +478,19 @@ GATED_EXACT = 4096  # confidence combinations over a batch enumerated; beyond, s
 
 
 def gated_value(tables: Sequence[tuple[np.ndarray, np.ndarray]], extra: np.ndarray,
-                mtp: float) -> float:
+                first: float, drop: float | None = None) -> float:
     """Expected tokens a drafting step yields beyond plain decoding's, for a gate that
     sees each sequence's first-draft confidence and then chooses the batch's length.
 
     ``tables``: per sequence, the shares of its confidence bins and, per bin, the expected
     accepted drafts of lengths 1..L (``[bins, L]``); ``extra[L-1]``: what a step with ``L``
-    drafts costs beyond a plain one, in tokens plain decoding makes in that time;
-    ``mtp``: the head's run, paid even when the gate drops every draft. The gate takes the
-    best length for the confidences it sees (or none), so the value is the expectation of
-    that maximum over the batch's confidences: enumerated when there are at most
+    drafts costs beyond a plain one (its head runs included), in tokens plain decoding
+    makes in that time; ``first``: the head's first run, which the gate has paid when it
+    chooses; ``drop`` (default ``first``): what the head's runs cost when it then drops
+    every draft. The gate takes the best length for the confidences it sees when that
+    beats decoding plainly after the paid run, and drops them otherwise, so the value is
+    the expectation of what it then gains or pays over the batch's confidences:
+    enumerated when there are at most
     :data:`GATED_EXACT` combinations, else sampled (a fixed seed: the same tables give the
     same value)."""
     n_comb = 1
@@ -489,8 +507,8 @@ def gated_value(tables: Sequence[tuple[np.ndarray, np.ndarray]], extra: np.ndarr
         prob, total = np.full(n, 1.0 / n), np.zeros((n, extra.size))
         for shares, gains in tables:
             total += gains[rng.choice(len(shares), size=n, p=shares / shares.sum())]
-    best = np.maximum((total - extra[None, :]).max(axis=1), 0.0)
-    return float(prob @ best) - mtp
+    best = (total - extra[None, :]).max(axis=1)
+    return float(prob @ np.where(best + first > 0, best, -(first if drop is None else drop)))
 
 
 def calibrate(engine, rows: Sequence[int], slot: int = 0, reps: int = 2) -> CostModel:
