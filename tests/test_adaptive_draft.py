@@ -97,6 +97,19 @@ def test_confident_drafts_are_verified_hesitant_ones_are_not():
     assert run_step(b, [0.99, 0.5, 0.99]) >= 1
 
 
+def dear_first_row() -> CostModel:
+    """Verify steps of one sequence as on the benchmark CPU: 32 ms for one row, 72 / 74 / 76
+    for two to four (the first extra row is the dear one); an MTP run 8 ms; plain steps
+    measured at 32."""
+    c = CostModel()
+    for T, ms in ((1, 32.0), (2, 72.0), (3, 74.0), (4, 76.0)):
+        c.observe("verify", 1, T, ms)
+    c.observe("mtp", 1, 1, 8.0)
+    c.observe("step", 1, 1, 32.0)
+    c.observe("step", 1, 1, 32.0)
+    return c
+
+
 def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
     """Verify cost shaped as on the benchmark CPU (one row 32 ms, two 72: the first extra
     row is the dear one, later ones cost 2 ms each; an MTP run 8): one draft costs 48 ms
@@ -105,12 +118,7 @@ def test_lengths_are_chosen_whole_when_the_first_row_is_the_dear_one():
     a whole length it keeps three, none when the head is unsure, and once two sure drafts
     pay for the dear row, a cheap further row even for an unsure one. A sure first draft
     with an unsure second is dropped too: the two would cost 74 ms for ~2.29 tokens."""
-    c = CostModel()
-    for T, ms in ((1, 32.0), (2, 72.0), (3, 74.0), (4, 76.0)):
-        c.observe("verify", 1, T, ms)
-    c.observe("mtp", 1, 1, 8.0)
-    c.observe("step", 1, 1, 32.0)
-    c.observe("step", 1, 1, 32.0)
+    c = dear_first_row()
     m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99)], reps=200)
     m = learnt(m, "greedy", [(0.3, 0.3)], reps=20)
     b = budget(c, model=m)
@@ -160,26 +168,30 @@ def test_gated_value_samples_big_batches_close_to_the_exact_value():
     assert gated_value(tables, extra, 0.0) == got  # seeded: the same tables, the same value
 
 
-def test_drafting_is_judged_with_the_gate_not_by_the_mean():
-    """The case above through plan(): the head's first drafts are spread as offered (a
-    fifth confident); the budget drafts, and its gate then verifies the confident drafts
-    only. Offered only hesitant first drafts, it declines."""
+def gate_case(offers: list[float]) -> DraftBudget:
+    """Steps of 32 / 64 / 80 / 90 ms for 0-3 drafts, a 1.5 ms head run; first drafts at
+    0.99 accepted 99% of the time, at 0.5 70%; the head offered ``offers``."""
     c = CostModel()
     for T, ms in ((1, 32.0), (2, 64.0), (3, 80.0), (4, 90.0)):
         c.observe("verify", 1, T, ms)
         c.observe("step", 1, T, ms)
     c.observe("step", 1, 1, 32.0)
     c.observe("mtp", 1, 1, 1.5)
-    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.5, 0.7)], reps=100)
-    mixed = budget(c, model=m)
-    for i in range(100):
-        mixed.acceptance.offer("greedy", 0.99 if i % 5 == 0 else 0.5)
+    b = budget(c, model=learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.5, 0.7)],
+                               reps=100))
+    for conf in offers:
+        b.acceptance.offer("greedy", conf)
+    return b
+
+
+def test_drafting_is_judged_with_the_gate_not_by_the_mean():
+    """The case above through plan(): the head's first drafts are spread as offered (a
+    fifth confident); the budget drafts, and its gate then verifies the confident drafts
+    only. Offered only hesitant first drafts, it declines."""
+    mixed = gate_case([0.99 if i % 5 == 0 else 0.5 for i in range(100)])
     assert mixed.plan([0], [3], ["greedy"]) == 3
     assert run_step(mixed, [0.99, 0.99, 0.99]) == 3 and run_step(mixed, [0.5, 0.5, 0.5]) == 0
-    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.5, 0.7)], reps=100)
-    hesitant = budget(c, model=m)
-    for _ in range(100):
-        hesitant.acceptance.offer("greedy", 0.5)
+    hesitant = gate_case([0.5] * 100)
     assert hesitant.plan([0], [3], ["greedy"]) == 0 and hesitant.declined == 1
 
 
@@ -252,12 +264,7 @@ def test_a_length_is_chosen_again_after_each_draft_down_to_none():
     Verifying the first alone would pay the dear row (72 ms against a plain step's 32) for
     at most one token: both are dropped and the step decodes plainly (the head's runs are
     paid either way). With a confident third the first two stay with it."""
-    c = CostModel()
-    for T, ms in ((1, 32.0), (2, 72.0), (3, 74.0), (4, 76.0)):
-        c.observe("verify", 1, T, ms)
-    c.observe("mtp", 1, 1, 8.0)
-    c.observe("step", 1, 1, 32.0)
-    c.observe("step", 1, 1, 32.0)
+    c = dear_first_row()
     m = learnt(AcceptanceModel(), "greedy", [(0.99, 1.0), (0.25, 0.1)])
     b = budget(c, model=m)
     assert b.plan([0], [3], ["greedy"]) == 3
@@ -339,19 +346,15 @@ def test_a_step_whose_drafts_were_dropped_is_a_plain_step_after_the_head():
     assert b.costs.ms[("drop", 1, 1)] == pytest.approx(5.0)
     b.observe_step(1, 1, 36.0, 1, mtp_runs=1)  # no head time given: not a plain step
     assert b.step_cost(1, 1) == pytest.approx(34.0) and b.chosen[0] == 6
-    c = CostModel()
-    for T, ms in ((1, 32.0), (2, 64.0), (3, 80.0), (4, 90.0)):
-        c.observe("verify", 1, T, ms)
-        c.observe("step", 1, T, ms)
-    c.observe("step", 1, 1, 32.0)
-    c.observe("mtp", 1, 1, 1.5)
-    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.99), (0.5, 0.7)], reps=100)
-    b = budget(c, model=m)
-    for i in range(100):
-        b.acceptance.offer("greedy", 0.99 if i % 5 == 0 else 0.5)
+    pinned = costs(step=34, per_row=30, mtp=2)
+    pinned.frozen = True  # tests pin costs: a dropped step then books nothing
+    b = budget(pinned)
+    b.observe_step(1, 1, 39.0, 1, mtp_runs=2, head_ms=5.0)
+    assert ("drop", 1, 1) not in pinned.ms and b._rate[1] == pytest.approx(1 / 39)
+    b = gate_case([0.99 if i % 5 == 0 else 0.5 for i in range(100)])
     assert b.plan([0], [3], ["greedy"]) == 3  # a fifth of sure drafts pay for 1.5 ms runs
     for _ in range(3):
-        c.observe("drop", 1, 1, 12.0)  # but not for dropped drafts that cost 12 ms each
+        b.costs.observe("drop", 1, 1, 12.0)  # but not for dropped drafts that cost 12 ms
     b._loss_key = None
     assert b.plan([0], [3], ["greedy"]) == 0
 

@@ -446,8 +446,9 @@ class DraftBudget:
             cost = self.step_cost(B, T)  # this shape's typical time: one slow step is noise
         elif head_ms is not None and 0.0 < head_ms < wall_ms:
             self.costs.observe("step", B, 1, wall_ms - head_ms)
-            self.costs.observe("drop", B, 1, head_ms)
-            cost = self.step_cost(B, 1) + self.costs.ms[("drop", B, 1)]
+            self.costs.observe("drop", B, 1, head_ms)  # (frozen costs keep neither)
+            cost = ((self.step_cost(B, 1) or wall_ms - head_ms)
+                    + self.costs.ms.get(("drop", B, 1), head_ms))
         else:
             plain, mtp = self.step_cost(B, 1), self.costs.estimate("mtp", B, 1)
             cost = plain + mtp_runs * mtp if plain and mtp else wall_ms
