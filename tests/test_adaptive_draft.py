@@ -270,7 +270,7 @@ def test_a_length_is_chosen_again_after_each_draft_down_to_none():
     assert b.plan([0], [3], ["greedy"]) == 3
     assert b.decide(0, [0], [0.99]) == [(1, True)]
     assert b.decide(1, [0], [0.25]) == [(0, False)]
-    assert b._pred[0] == [] and b._surv[0] == 1.0  # nothing verified, nothing recorded
+    assert b._pred[0] == [] and b._survival(0) == 1.0  # nothing verified, nothing recorded
     assert run_step(b, [0.99, 0.99, 0.99]) == 3
 
 

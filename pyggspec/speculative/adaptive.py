@@ -147,8 +147,9 @@ class DraftBudget:
         # acceptance predicted for each
         self._B = 0
         self._regime: dict[int, str] = {}
-        self._surv: dict[int, float] = {}
-        self._cum: dict[int, list[float]] = {}  # per slot, that of every draft kept
+        # per slot, for every draft kept, the chance that it and every one before it are
+        # accepted (the last is the slot's survival so far: _survival)
+        self._cum: dict[int, list[float]] = {}
         self._pred: dict[int, list[float]] = {}
         self._limit = n_max  # the most drafts per sequence this step (the plan's)
         self._explore = False
@@ -211,7 +212,6 @@ class DraftBudget:
         B = len(slots)
         self._B = B
         self._regime = dict(zip(slots, regimes))
-        self._surv = dict.fromkeys(slots, 1.0)
         self._cum = {s: [] for s in slots}
         self._pred = {s: [] for s in slots}
         limit = self._limit = min(self.n_max, max(caps, default=0))
@@ -350,7 +350,7 @@ class DraftBudget:
         for s, r, c in zip(slots, regimes, confs):
             a = acc.predict(r, j, c)
             self._pred.setdefault(s, []).append(a)
-            surv.append(self._surv.get(s, 1.0) * a)
+            surv.append(self._survival(s) * a)
         if self.forced:
             for s, p in zip(slots, surv):
                 self._keep(s, p)
@@ -364,7 +364,6 @@ class DraftBudget:
             for s in slots:
                 del self._pred[s][keep:]
                 del self._cum.setdefault(s, [])[keep:]
-                self._surv[s] = self._cum[s][-1] if self._cum[s] else 1.0
             return [(keep, False)] * len(slots)
         for s, p in zip(slots, surv):
             self._keep(s, p)
@@ -373,11 +372,15 @@ class DraftBudget:
     def _keep(self, slot: int, surv: float) -> None:
         """``slot``'s next draft is kept, with ``surv`` the chance it and every one before
         it are accepted."""
-        self._surv[slot] = surv
         self._cum.setdefault(slot, []).append(surv)
 
+    def _survival(self, slot: int) -> float:
+        """The chance that every draft ``slot`` kept this step is accepted (1: none)."""
+        c = self._cum.get(slot)
+        return c[-1] if c else 1.0
+
     def _best_length(self, B: int, j: int, surv: Sequence[float], regimes: Sequence[str],
-                     confs: Sequence[float], slots: Sequence[int] = ()) -> int | None:
+                     confs: Sequence[float], slots: Sequence[int]) -> int | None:
         """The total drafts (0 .. the cap) with the most expected tokens less their cost
         at the batch's rate; None when a cost is not known yet (then draft: it gets
         measured). Lengths up to ``j`` keep drafts already made (``slots``' kept ones)."""
@@ -388,7 +391,7 @@ class DraftBudget:
         acc = self.acceptance
         made = [sum(c[i] for s in slots if len(c := self._cum.get(s, ())) > i)
                 for i in range(j)]
-        best, best_net, gain = j, -float("inf"), 0.0
+        best, best_net, gain = 0, -float("inf"), 0.0
         for L in range(j + 1):  # the first L drafts made: their runs are paid
             v = self._verify_step(B, L + 1)
             if v is None:
