@@ -263,7 +263,7 @@ def test_a_length_is_chosen_again_after_each_draft_down_to_none():
     """The first draft is confident, so three are planned; the second comes out unsure.
     Verifying the first alone would pay the dear row (72 ms against a plain step's 32) for
     at most one token: both are dropped and the step decodes plainly (the head's runs are
-    paid either way). With a confident third the first two stay with it."""
+    paid either way). Three sure drafts are all kept."""
     c = dear_first_row()
     m = learnt(AcceptanceModel(), "greedy", [(0.99, 1.0), (0.25, 0.1)])
     b = budget(c, model=m)
@@ -338,8 +338,11 @@ def test_a_step_whose_drafts_were_dropped_is_a_plain_step_after_the_head():
     it keeps plain decoding measured where the budget rarely declines (else only its
     first, slow probe steps were), and the head's time is what a drop costs, which
     judging whether to draft charges instead of the head's compute."""
-    b = budget(costs(step=34, per_row=30, mtp=2))
-    b.observe_step(1, 1, 45.0, 1)  # a slow first probe
+    c = CostModel()  # no plain step measured yet: the probe below is the only one
+    c.observe("verify", 1, 1, 34.0)
+    c.observe("mtp", 1, 1, 2.0)
+    b = budget(c)
+    b.observe_step(1, 1, 45.0, 1)  # a slow first probe (alone it would be plain's cost)
     for _ in range(4):
         b.observe_step(1, 1, 39.0, 1, mtp_runs=2, head_ms=5.0)
     assert b.step_cost(1, 1) == pytest.approx(34.0)
