@@ -244,6 +244,40 @@ def test_plain_decoding_is_measured_at_each_batch_size_before_drafting():
     assert b.plan([0], [3], ["greedy"]) == 0 and b.plain_probes == 3  # B = 1: not yet
 
 
+def test_slow_start_up_timings_weigh_as_one_run():
+    """Nine four-row steps timed in a slow start-up (97 ms) are settled into one
+    observation: the first real step (75 ms) outvotes them, where before it was one vote
+    in nine and the budget kept declining on the slow figure. Runs stay counted."""
+    c = CostModel()
+    for _ in range(9):
+        c.observe("step", 1, 4, 97.0)
+    c.observe("step", 1, 4, 75.0)
+    assert c.ms[("step", 1, 4)] == 97.0  # unsettled: one vote in nine
+    c = CostModel()
+    for _ in range(9):
+        c.observe("step", 1, 4, 97.0)
+    c.settle()
+    assert c.ms[("step", 1, 4)] == 97.0 and c.seen("step", 1, 4) == 9
+    c.observe("step", 1, 4, 75.0)
+    assert c.ms[("step", 1, 4)] == 75.0 and c.seen("step", 1, 4) == 10
+    c.observe("step", 1, 4, 80.0)
+    assert c.ms[("step", 1, 4)] == 80.0  # three make a median
+
+
+def test_forced_lengths_for_the_start_up_calibration():
+    """``forced``: every step drafts that many (the cap: scored and timed), 0 steps
+    plainly -- not counted as declined or as probes; ``end_calibration`` hands the
+    choice back to the budget."""
+    b = budget(costs(step=100, per_row=100, mtp=30),
+               model=learnt(AcceptanceModel(), "greedy", [(0.5, 0.3)]))
+    b.forced = 0
+    assert b.plan([0], [3], ["greedy"]) == 0 and b.declined == b.plain_probes == 0
+    b.forced = 3
+    assert b.plan([0], [3], ["greedy"]) == 3 and b.plan([0], [2], ["greedy"]) == 2
+    b.end_calibration()
+    assert b.forced is None and b.plan([0], [3], ["greedy"]) == 0 and b.declined == 1
+
+
 def test_no_drafting_where_it_cannot_pay():
     """Dear verify rows and a poor head: plan() drafts nothing (and now and then, when
     exploring, one step does); a good head on the same costs drafts."""
@@ -290,7 +324,7 @@ def test_batch_spends_the_verify_row_where_acceptance_is_predicted():
 
 def test_forced_keeps_everything_and_records_predictions():
     b = budget(costs(step=100, per_row=90, mtp=30))
-    b.forced = True
+    b.forced = 3
     assert run_step(b, [0.01, 0.01, 0.01]) == 3
     b.record(0, [0.01, 0.01, 0.01], 1)  # first accepted, second rejected, third not judged
     rows = b.acceptance.report()["greedy"]
@@ -299,7 +333,7 @@ def test_forced_keeps_everything_and_records_predictions():
                      "observed": 0.5}]
     b.observe_step(1, 4, 50.0, 2)
     assert b.to_dict()["chosen_lengths"] == [0, 0, 0, 1]
-    b.reset_counts()
+    b.end_calibration()
     assert b.to_dict()["chosen_lengths"] == [0, 0, 0, 0] and b.acceptance.mean("greedy", 0) == 1
 
 
@@ -502,6 +536,27 @@ def test_declined_steps_run_as_plain_steps_and_keep_the_head_in_step(paths, make
     assert walls and max(walls) < 300  # not in any step's cost
 
 
+def test_start_up_calibration_times_plain_and_drafting_steps_at_both_batch_sizes(
+        paths, make_engine):
+    """A fresh default engine has timed plain and drafting steps for one sequence and for
+    all its slots, so its first request at either batch size drafts without probe steps;
+    nothing of the calibration is left in the slots or the counts."""
+    from pyggspec.config import SpecConfig
+    from pyggspec.engine import PLAIN_CALIBRATION_STEPS
+
+    with make_engine(paths[("dense", 0.95)], n_ctx=256, n_parallel=2, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=3, adaptive=True)) as e:
+        policy = e.draft_policy
+        assert policy.forced is None and policy.chosen == [0] * 4
+        for B in (1, 2):
+            assert policy.costs.seen("step", B, 1) >= PLAIN_CALIBRATION_STEPS
+            assert policy.costs.seen("step", B, 4) >= 1
+        assert all(e.seq_len(s) == 0 for s in range(2))
+        e.generate_batch(PROMPTS[:2], max_tokens=24, ignore_eos=True)
+        e.generate(PROMPTS[2], max_tokens=24, ignore_eos=True)
+        assert policy.plain_probes == 0
+
+
 def test_fixed_length_flag(paths, make_engine):
     _, stats, policy = _gen(make_engine, paths[("dense", None)], PROMPTS[:1], 30, n_max=3,
                             adaptive=False)
@@ -582,7 +637,7 @@ def test_graph_drawn_drafts_report_the_heads_confidence(paths, make_engine):
                 run = mtp.run
                 mtp.run = lambda mb, run=run: plans.append(mb.sampling) or run(mb)
                 e.draft_policy.acceptance = type(e.draft_policy.acceptance)()  # this run's
-                e.draft_policy.forced = True  # draft whatever the tiny model's costs say
+                e.draft_policy.forced = 3  # draft whatever the tiny model's costs say
             outs.append(e.generate(PROMPTS[0], max_tokens=24, ignore_eos=True).tokens)
             if spec_type:
                 report = e.draft_policy.acceptance.report()

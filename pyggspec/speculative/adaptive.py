@@ -11,9 +11,10 @@ is a fixed length (``--spec-draft-n-max`` is only the cap):
   rests (its owed pairs are written later in one batch); after ``idle_explore_every`` declined steps one drafts anyway, so
   a change in the content is noticed -- the wait doubling (to ``IDLE_EXPLORE_MAX``) each
   time it finds drafting still loses, and never shorter than what keeps such steps below
-  ``explore_share`` of the time (each costs what drafting is predicted to lose); the
-  first step at each batch size drafts nothing, so what it is compared with -- plain
-  decoding at this batch size -- is measured, not estimated;
+  ``explore_share`` of the time (each costs what drafting is predicted to lose); what it
+  is compared with -- plain decoding at this batch size -- is measured, not estimated
+  (timed at start-up for one sequence and for all slots; at another batch size its first
+  steps draft nothing);
 * **which drafts to verify** (:meth:`DraftBudget.decide`, the drafter's gate after every
   MTP run): each draft's acceptance is predicted from the head's confidence in it and its
   position by :class:`~pyggspec.speculative.calibration.AcceptanceModel` (calibrated
@@ -63,6 +64,7 @@ class CostModel:
     ms: dict[tuple[str, int, int], float] = field(default_factory=dict)
     frozen: bool = False
     _recent: dict[tuple[str, int, int], deque] = field(default_factory=dict, repr=False)
+    _runs: dict[tuple[str, int, int], int] = field(default_factory=dict, repr=False)
 
     def observe(self, kind: str, B: int, T: int, ms: float) -> None:
         if self.frozen:
@@ -73,15 +75,30 @@ class CostModel:
             q = self._recent[key] = deque(maxlen=RECENT)
             if key in self.ms:  # a calibrated value counts as one observation
                 q.append(self.ms[key])
+                self._runs[key] = 1
         q.append(ms)
+        self._runs[key] = self._runs.get(key, 0) + 1
         # the median once there are three (one slow step, e.g. the first run of a new graph,
         # is then outvoted); before, the fastest (a mean of two would keep half the outlier)
         self.ms[key] = statistics.median(q) if len(q) >= 3 else min(q)
 
     def seen(self, kind: str, B: int, T: int) -> int:
         """How many runs of this shape were observed (a calibrated value counts as one)."""
-        q = self._recent.get((kind, B, T))
-        return len(q) if q is not None else int((kind, B, T) in self.ms)
+        key = (kind, B, T)
+        return self._runs.get(key, int(key in self.ms))
+
+    def settle(self) -> None:
+        """Let each shape's observations so far weigh as one (their median): called after
+        the start-up calibration, whose runs all come from the first seconds of the
+        process. When those were slow, nine of them outvoted real steps for as long as a
+        shape ran rarely -- a declining budget measures a drafting step only when it
+        explores: in 3 of 20 fresh Q4_K_M ~0.70 ``-np 1`` engines a four-row step booked
+        at 97-99 ms from start-up (71-81 in the others) kept drafting declined for the
+        whole request. Now the first real run outvotes it when faster (the faster of two
+        counts), and three make a median."""
+        for key, q in self._recent.items():
+            if len(q) > 1:
+                self._recent[key] = deque([self.ms[key]], maxlen=RECENT)
 
     def estimate(self, kind: str, B: int, T: int) -> float | None:
         """The measured cost; else interpolated over rows (B * T) between one-sequence
@@ -136,7 +153,9 @@ class DraftBudget:
         self.idle_explore_every = idle_explore_every
         self._idle_next = idle_explore_every
         self.explore_share = explore_share  # 0: waits are idle_explore_every, doubled
-        self.forced = False  # draft to the cap, keep everything (startup calibration)
+        # drafts per sequence every step, all kept (the start-up calibration: the cap to
+        # score the head and time drafting steps, 0 to time plain ones); None: the budget's
+        self.forced: int | None = None
         self.chosen: list[int] = [0] * (n_max + 1)  # verify steps by drafts kept (the batch's)
         self.declined = 0  # steps that drafted nothing because drafting could not pay
         self.plain_probes = 0  # steps that drafted nothing to measure plain decoding
@@ -218,8 +237,8 @@ class DraftBudget:
         if B == 0 or limit <= 0:
             return 0
         self._explore = False
-        if self.forced:
-            return limit
+        if self.forced is not None:
+            return min(self.forced, limit)
         if self.costs.seen("step", B, 1) < PLAIN_PROBES and self.costs.ms and not self.costs.frozen:
             # what plain decoding costs at this batch size is measured, not estimated: the
             # estimate from one sequence's verify rows (-np 4: 131 ms against 116 for a
@@ -351,7 +370,7 @@ class DraftBudget:
             a = acc.predict(r, j, c)
             self._pred.setdefault(s, []).append(a)
             surv.append(self._survival(s) * a)
-        if self.forced:
+        if self.forced is not None:
             for s, p in zip(slots, surv):
                 self._keep(s, p)
             return [(j + 1, True)] * len(slots)
@@ -460,9 +479,12 @@ class DraftBudget:
             old = self._rate.get(B)
             self._rate[B] = r if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * r
 
-    def reset_counts(self) -> None:
-        """Forget the lengths chosen and the rates seen (after the start-up calibration,
-        whose steps drafted to the cap); costs and the acceptance model stay."""
+    def end_calibration(self) -> None:
+        """After the start-up calibration (forced lengths): forget the lengths chosen and
+        the rates seen; costs (each shape's start-up runs weighing as one:
+        :meth:`CostModel.settle`) and the acceptance model stay."""
+        self.forced = None
+        self.costs.settle()
         self.chosen = [0] * (self.n_max + 1)
         self.declined = self.plain_probes = 0
         self._loss_key = None
