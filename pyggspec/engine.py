@@ -146,10 +146,11 @@ class Engine:
         * ``n`` tokens drafting to the cap and verifying every draft -- one sequence, and
           with ``n_parallel`` > 1 every slot at once -- so the confidences the head shows
           are scored and drafting steps are timed at both batch sizes;
-        * a few plain steps at the same batch sizes: what drafting is compared with.
-          Measured in the first request instead (the budget drafts at a batch size only
-          once plain decoding there is known), its probe steps cost the Q8_0 ~0.95 bench
-          model ~2% of a four-sequence request that drafts every other step.
+        * a few plain steps at every batch size up to ``n_parallel`` (requests that end
+          apart pass through each): what drafting is compared with. Measured in the first
+          request instead (the budget drafts at a batch size only once plain decoding
+          there is known), its probe steps cost the Q8_0 ~0.95 bench model ~2% of a
+          four-sequence request that drafts nearly every step.
 
         Nothing of it stays: the slots are cleared, the engine's counts start at zero, and
         each shape's start-up timings weigh as one (the process's first seconds can be
@@ -164,9 +165,11 @@ class Engine:
             return
         # distinct prompts (shorter by one token each), so the slots' drafts differ
         batch = [prompt[: max(1, len(prompt) - i)] for i in range(self.n_parallel)]
-        sizes = [1] if self.n_parallel == 1 else [1, self.n_parallel]
+        drafting = sorted({1, self.n_parallel})
+        plain = range(1, self.n_parallel + 1)  # requests that end apart pass through each
         try:
-            for forced, tokens in ((self.spec.n_max, n), (0, PLAIN_CALIBRATION_STEPS + 1)):
+            for forced, sizes, tokens in ((self.spec.n_max, drafting, n),
+                                          (0, plain, PLAIN_CALIBRATION_STEPS + 1)):
                 policy.forced = forced
                 for size in sizes:
                     self.generate_batch(batch[:size], max_tokens=tokens, ignore_eos=True)

@@ -538,22 +538,27 @@ def test_declined_steps_run_as_plain_steps_and_keep_the_head_in_step(paths, make
 
 def test_start_up_calibration_times_plain_and_drafting_steps_at_both_batch_sizes(
         paths, make_engine):
-    """A fresh default engine has timed plain and drafting steps for one sequence and for
-    all its slots, so its first request at either batch size drafts without probe steps;
+    """A fresh default engine has timed plain steps at every batch size and drafting steps
+    for one sequence and for all its slots, so its first requests draft without probe
+    steps;
     nothing of the calibration is left in the slots or the counts."""
     from pyggspec.config import SpecConfig
     from pyggspec.engine import PLAIN_CALIBRATION_STEPS
+    from pyggspec.serving.request import Request
 
-    with make_engine(paths[("dense", 0.95)], n_ctx=256, n_parallel=2, spec_type="draft-mtp",
+    with make_engine(paths[("dense", 0.95)], n_ctx=256, n_parallel=3, spec_type="draft-mtp",
                      spec=SpecConfig(n_max=3, adaptive=True)) as e:
         policy = e.draft_policy
         assert policy.forced is None and policy.chosen == [0] * 4
-        for B in (1, 2):
-            assert policy.costs.seen("step", B, 1) >= PLAIN_CALIBRATION_STEPS
+        for B in (1, 3):
             assert policy.costs.seen("step", B, 4) >= 1
-        assert all(e.seq_len(s) == 0 for s in range(2))
-        e.generate_batch(PROMPTS[:2], max_tokens=24, ignore_eos=True)
-        e.generate(PROMPTS[2], max_tokens=24, ignore_eos=True)
+        for B in (1, 2, 3):
+            assert policy.costs.seen("step", B, 1) >= PLAIN_CALIBRATION_STEPS
+        assert all(e.seq_len(s) == 0 for s in range(3))
+        # requests of different lengths: the batch passes through 3, 2 and 1 sequences
+        handles = [e.submit(Request(p, max_tokens=n, ignore_eos=True, slot=i))
+                   for i, (p, n) in enumerate(zip(PROMPTS, (8, 24, 40)))]
+        assert [len(h.result().tokens) for h in handles] == [8, 24, 40]
         assert policy.plain_probes == 0
 
 
