@@ -35,12 +35,15 @@ def costs(step: float, per_row: float, mtp: float, B: int = 1, T_max: int = 6) -
 
 
 def learnt(model: AcceptanceModel, regime: str, pairs, reps: int = 50) -> AcceptanceModel:
-    """``pairs`` of (confidence, acceptance rate) recorded ``reps`` times each (seeded)."""
+    """``pairs`` of (confidence, acceptance rate) recorded ``reps`` times each (seeded), at
+    three positions each: a head whose drafts run in streaks (a draft of that confidence
+    follows one of the same)."""
     rng = random.Random(0)
     for _ in range(reps):
         for conf, rate in pairs:
             for pos in range(3):
-                model.record(regime, pos, conf, rng.random() < rate)
+                model.record(regime, pos, conf, rng.random() < rate,
+                             before=conf if pos else None)
     return model
 
 
@@ -68,6 +71,31 @@ def test_a_nearly_flat_head_is_ranked_not_taken_at_its_word():
     assert m.predict("greedy", 0, 2e-5) < 0.6
     assert m.predict("greedy", 0, 5e-5) > 0.9
     assert m.predict("greedy", 0, 5e-3) > 0.6  # unseen bin: near the regime's ~0.78
+
+
+def test_a_draft_not_made_yet_is_predicted_from_what_followed_the_last_ones():
+    """Where neighbouring drafts' confidences are unrelated (the bench models), an unsure
+    draft does not make the next one look unsure: the prediction stays near what the
+    head's usual confidences give. Where they run in streaks it follows the last one."""
+    rng = random.Random(1)
+    confs, rates = (0.99, 0.3), {0.99: 0.97, 0.3: 0.3}
+    mixed, streaks = AcceptanceModel(), AcceptanceModel()
+    for _ in range(400):
+        run = [rng.choice(confs) for _ in range(3)]
+        for pos, c in enumerate(run):
+            ok = rng.random() < rates[c]
+            mixed.record("greedy", pos, c, ok, before=run[pos - 1] if pos else None)
+            streaks.record("greedy", pos, run[0], rng.random() < rates[run[0]],
+                           before=run[0] if pos else None)
+        mixed.offer("greedy", run[0])
+        streaks.offer("greedy", run[0])
+    usual = (0.97 + 0.3) / 2
+    assert mixed.ahead("greedy", 1, 0.3) == pytest.approx(usual, abs=0.08)
+    assert mixed.ahead("greedy", 1, 0.99) == pytest.approx(usual, abs=0.08)
+    assert mixed.predict("greedy", 1, 0.3) < 0.4  # its own confidence still tells
+    assert streaks.ahead("greedy", 1, 0.3) < 0.4
+    assert streaks.ahead("greedy", 1, 0.99) > 0.9
+    assert AcceptanceModel().ahead("new", 1, 0.99) == pytest.approx((0.98 + 0.995) / 2)
 
 
 def budget(c: CostModel, n_max: int = 3, model: AcceptanceModel | None = None,

@@ -317,7 +317,7 @@ class DraftBudget:
             for i, (conf, _) in enumerate(spread):
                 p, total = 1.0, 0.0
                 for L in range(min(limit, c)):
-                    p *= acc.predict(r, L, conf)
+                    p *= acc.predict(r, 0, conf) if L == 0 else acc.ahead(r, L, conf)
                     total += p
                     gains[i, L] = total
                 gains[i, min(limit, c):] = total
@@ -421,8 +421,8 @@ class DraftBudget:
                 gain += made[L]
         cur = list(surv)
         for L in range(j + 1, max(self._limit, j + 1) + 1):
-            if L > j + 1:  # one more position, predicted from this draft's confidence
-                cur = [p * acc.predict(r, L - 1, c) for p, r, c in zip(cur, regimes, confs)]
+            if L > j + 1:  # a draft not made yet, predicted from this one's confidence
+                cur = [p * acc.ahead(r, L - 1, c) for p, r, c in zip(cur, regimes, confs)]
             gain += sum(cur)
             v = self._verify_step(B, L + 1)
             if v is None:
@@ -441,7 +441,8 @@ class DraftBudget:
         regime = self._regime.get(slot, "greedy")
         for i in range(min(len(confs), n + 1)):
             self.acceptance.record(regime, i, confs[i], i < n,
-                                   pred[i] if i < len(pred) else None)
+                                   pred[i] if i < len(pred) else None,
+                                   confs[i - 1] if i else None)
 
     def observe(self, kind: str, B: int, T: int, ms: float) -> None:
         """A graph run of ``kind`` ("verify", "mtp") took ``ms`` of compute."""
