@@ -143,14 +143,15 @@ class Engine:
         """Seed the draft-length budget before the first request, with the engine's default
         sampling (the regime most requests will draft in) from a fixed prompt:
 
-        * ``n`` tokens drafting to the cap and verifying every draft -- one sequence, and
-          with ``n_parallel`` > 1 every slot at once -- so the confidences the head shows
-          are scored and drafting steps are timed at both batch sizes;
-        * a few plain steps at every batch size up to ``n_parallel`` (requests that end
-          apart pass through each): what drafting is compared with. Measured in the first
-          request instead (the budget drafts at a batch size only once plain decoding
-          there is known), its probe steps cost the Q8_0 ~0.95 bench model ~2% of a
-          four-sequence request that drafts nearly every step.
+        * drafting to the cap and verifying every draft, ``n`` tokens for one sequence and,
+          with ``n_parallel`` > 1, for every slot at once: the confidences the head shows
+          are scored and drafting steps timed at both batch sizes;
+        * :data:`PLAIN_CALIBRATION_STEPS` plain steps at every batch size up to
+          ``n_parallel`` -- requests that end that many steps apart, so the batch passes
+          through each size after one prompt pass: what drafting is compared with.
+          Measured in the first request instead (the budget drafts at a batch size only
+          once plain decoding there is known), its probe steps cost the Q8_0 ~0.95 bench
+          model ~2% of a four-sequence request that drafts nearly every step.
 
         Nothing of it stays: the slots are cleared, the engine's counts start at zero, and
         each shape's start-up timings weigh as one (the process's first seconds can be
@@ -160,19 +161,21 @@ class Engine:
             prompt = self.tokenizer.tokenize(CALIBRATION_TEXT)[:16] or [0]
         else:
             prompt = [(7 + 13 * i) % self.n_vocab for i in range(8)]
-        n = min(n, self.n_ctx - len(prompt) - self.spec.n_max - 1)
+        room = self.n_ctx - len(prompt) - self.spec.n_max - 1
+        n = min(n, room)
         if n <= 0:
             return
         # distinct prompts (shorter by one token each), so the slots' drafts differ
         batch = [prompt[: max(1, len(prompt) - i)] for i in range(self.n_parallel)]
-        drafting = sorted({1, self.n_parallel})
-        plain = range(1, self.n_parallel + 1)  # requests that end apart pass through each
+        steps = PLAIN_CALIBRATION_STEPS
         try:
-            for forced, sizes, tokens in ((self.spec.n_max, drafting, n),
-                                          (0, plain, PLAIN_CALIBRATION_STEPS + 1)):
-                policy.forced = forced
-                for size in sizes:
-                    self.generate_batch(batch[:size], max_tokens=tokens, ignore_eos=True)
+            policy.forced = self.spec.n_max
+            self.generate(batch[0], max_tokens=n, ignore_eos=True)
+            if self.n_parallel > 1:  # (prompts join one a step: the batch ramps up)
+                self.generate_batch(batch, max_tokens=n, ignore_eos=True)
+            policy.forced = 0
+            lengths = [min(1 + steps * (i + 1), room) for i in range(self.n_parallel)]
+            self._collect(self._submit_all(batch, lengths, True, None), time.perf_counter())
         finally:
             policy.end_calibration()
             self.scheduler.stats = SpecStats()
@@ -319,21 +322,23 @@ class Engine:
         """Queue a :class:`~pyggspec.serving.request.Request` (see ``scheduler``)."""
         return self.scheduler.submit(request)
 
-    def _submit_all(self, prompts: Sequence[str | Sequence[int]], max_tokens: int,
-                    ignore_eos: bool, sampling: SamplingParams | None,
-                    **kw) -> list[RequestHandle]:
+    def _submit_all(self, prompts: Sequence[str | Sequence[int]],
+                    max_tokens: int | Sequence[int], ignore_eos: bool,
+                    sampling: SamplingParams | None, **kw) -> list[RequestHandle]:
         """Validate every prompt first (nothing is queued when one is bad), then queue them;
-        with no more prompts than slots, prompt i runs in slot i."""
+        with no more prompts than slots, prompt i runs in slot i. ``max_tokens``: for all,
+        or per prompt."""
         from pyggspec.serving.request import RequestError
 
-        if max_tokens < 0:
-            raise PyggspecError("-n", f"must be >= 0, got {max_tokens}")
+        limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
+        if min(limits, default=0) < 0:
+            raise PyggspecError("-n", f"must be >= 0, got {min(limits)}")
         sched = self.scheduler
         pin = len(prompts) <= self.n_parallel
         reqs = []
-        for i, p in enumerate(prompts):
+        for i, (p, limit) in enumerate(zip(prompts, limits, strict=True)):
             ids = self.tokenize(p) if isinstance(p, str) else p
-            req = Request(ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos,
+            req = Request(ids, max_tokens=limit, sampling=sampling, ignore_eos=ignore_eos,
                           slot=i if pin else None, **kw)
             try:
                 req.prompt = sched.validate(req)
