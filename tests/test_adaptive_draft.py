@@ -568,8 +568,7 @@ def test_start_up_calibration_times_plain_and_drafting_steps_at_both_batch_sizes
         paths, make_engine):
     """A fresh default engine has timed plain steps at every batch size and drafting steps
     for one sequence and for all its slots, so its first requests draft without probe
-    steps;
-    nothing of the calibration is left in the slots or the counts."""
+    steps; nothing of the calibration is left in the slots or the counts."""
     from pyggspec.config import SpecConfig
     from pyggspec.engine import PLAIN_CALIBRATION_STEPS
     from pyggspec.serving.request import Request

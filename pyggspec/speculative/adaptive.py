@@ -88,7 +88,8 @@ class CostModel:
         return self._runs.get(key, int(key in self.ms))
 
     def settle(self) -> None:
-        """Let each shape's observations so far weigh as one (their median): called after
+        """Let each shape's observations so far weigh as one (the value they give: their
+        median, or the faster of two): called after
         the start-up calibration, whose runs all come from the first seconds of the
         process. When those were slow, nine of them outvoted real steps for as long as a
         shape ran rarely -- a declining budget measures a drafting step only when it
