@@ -61,6 +61,9 @@ Options
   --follow SEC            how long one `device` call follows the worker (default 540)
   --test-timeout SEC      the device tests' time limit (default 480; vulkan: 1800)
   --cuda-arch LIST        CMAKE_CUDA_ARCHITECTURES (default 90)
+  --skip-new              do not build llama.cpp b11549 (its CUDA build costs as much device
+                          time as llama-cpp-python's): for a short device budget, the benchmarks
+                          then compare with llama-server 0.3.36 alone
   -j, --jobs N            build jobs (default: all cores; vulkan: 2, and builds run niced)
   --out DIR               where the table and JSON are copied (default: $OUT, else .gpu/results)
   -h, --help              this text
@@ -102,6 +105,7 @@ BUDGET=25
 FOLLOW=540
 TEST_TIMEOUT=""
 CUDA_ARCH=90
+SKIP_NEW=0
 JOBS=""
 OUTDIR="${OUT:-}"
 STEP=""
@@ -117,6 +121,7 @@ while [ $# -gt 0 ]; do
     --follow) [ $# -ge 2 ] || die "--follow needs seconds"; FOLLOW=$2; shift 2 ;;
     --test-timeout) [ $# -ge 2 ] || die "--test-timeout needs seconds"; TEST_TIMEOUT=$2; shift 2 ;;
     --cuda-arch) [ $# -ge 2 ] || die "--cuda-arch needs a list"; CUDA_ARCH=$2; shift 2 ;;
+    --skip-new) SKIP_NEW=1; shift ;;
     -j|--jobs) [ $# -ge 2 ] || die "--jobs needs a number"; JOBS=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || die "--out needs a folder"; OUTDIR=$2; shift 2 ;;
     prepare|build|test|bench|run|device|status|_worker|_build_new)
@@ -400,6 +405,7 @@ build_base() {  # sources, wheels, llama-cpp-python, native binding, llama-serve
 }
 
 build_new() {
+  if [ "$SKIP_NEW" = 1 ]; then say "llama-server $NEW_TAG: skipped (--skip-new)"; return 0; fi
   if ! done_ new_server; then
     timed "llama-server $NEW_TAG ($BACKEND, $JOBS jobs)" "$RESULTS/build_server_$NEW_TAG.log" build_new_server
     stamp new_server
@@ -522,6 +528,7 @@ step_worker() {
   start_models
   build_base
   local opts=(--backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" -j "$JOBS" --cuda-arch "$CUDA_ARCH" "${q[@]}")
+  [ "$SKIP_NEW" = 1 ] && opts+=(--skip-new)
   [ -n "$SHAPES" ] && opts+=(--shapes "$SHAPES")
   scripts/gpu_check.sh "${opts[@]}" _build_new &
   local newpid=$!
@@ -554,6 +561,7 @@ step_device() {
     local q=()
     [ "$QUICK" = 1 ] && q=(--quick)
     [ -n "$SHAPES" ] && q+=(--shapes "$SHAPES")
+    [ "$SKIP_NEW" = 1 ] && q+=(--skip-new)
     setsid nohup scripts/gpu_check.sh --backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" \
       --cuda-arch "$CUDA_ARCH" -j "$JOBS" --test-timeout "$TEST_TIMEOUT" "${q[@]}" _worker >>"$STATE/worker.log" 2>&1 </dev/null &
     echo $! >"$STATE/worker.pid"
