@@ -13,8 +13,9 @@ per-request tokens/s (the server's own ``predicted_per_second``, median), time t
 token (client side, median) and draft acceptance. Ratios pyggspec / llama-server are paired
 per repetition, then the median is reported; a table and one JSON line are printed.
 
-``-c`` is the context per slot: llama-server gets ``-c (ctx * np)`` so its slots
-(``n_ctx / np`` each with an explicit ``-np``) hold the same.
+``-c`` is the context per slot: both servers get ``-c (ctx * np)``, the total, as
+llama-server reads it (``n_ctx / np`` per slot with an explicit ``-np``), and pyggspec
+serve reads it the same way.
 
     scripts/build_llamacpp_tools.sh llama-server           # once
     python3 scripts/bench_serve.py                         # 0.8B-shaped q8_0, agreement 0.95
@@ -45,9 +46,11 @@ def default_model() -> Path:
 
 
 def server_cmd(engine: str, args: argparse.Namespace, spec: bool, port: int) -> list[str]:
-    """The same flags for both servers (llama-server's names; its -c is the total)."""
+    """The same flags for both servers, llama-server's names and meanings (-c is the total
+    of all slots for both)."""
     flags = ["-m", str(args.model), "-t", str(args.threads), "-np", str(args.parallel),
-             "--host", "127.0.0.1", "--port", str(port), "--temp", "0"]
+             "--host", "127.0.0.1", "--port", str(port), "--temp", "0",
+             "-c", str(args.ctx * args.parallel)]
     if args.no_repack:
         flags.append("--no-repack")
     if spec:
@@ -58,9 +61,8 @@ def server_cmd(engine: str, args: argparse.Namespace, spec: bool, port: int) -> 
         if not exe.exists():
             sys.exit(f"bench_serve: {exe} not found; run scripts/build_llamacpp_tools.sh "
                      "llama-server first")
-        return [str(exe), *flags, "-c", str(args.ctx * args.parallel)]
-    return [sys.executable, "-m", "pyggspec", "serve", *flags, "-c", str(args.ctx),
-            "--log-level", "warning"]
+        return [str(exe), *flags]
+    return [sys.executable, "-m", "pyggspec", "serve", *flags, "--log-level", "warning"]
 
 
 class Server:

@@ -495,3 +495,29 @@ def test_long_flags_with_underscores_are_read_as_dashes(built):
     r, config = built("serve", "--backend_sampling", "--ctx_size=512", "--alias", "a_b")
     assert r.exit_code != 2 and config is not None, r.output
     assert config.backend_sampling and config.n_ctx == 512
+
+
+def test_bench_serve_gives_both_servers_the_same_total_context(tiny, monkeypatch, tmp_path):
+    """scripts/bench_serve.py starts both servers with llama-server's -c (the total of all
+    slots): each pyggspec slot then holds the per-slot context the benchmark asks for. It
+    passed the per-slot figure to pyggspec once -c meant the total there too, and every
+    request of the first GPU run's serve rows came back 400 (prompt over a 40-token slot)."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_serve
+
+    ns = SimpleNamespace(model=tiny, threads=2, parallel=8, ctx=320, no_repack=False, n_max=3)
+    (tmp_path / "llama-server").touch()  # the command is only built, never run
+    monkeypatch.setattr(bench_serve.benchlib, "TOOLS", tmp_path)
+    ours = bench_serve.server_cmd("pyggspec", ns, True, 8080)
+    theirs = bench_serve.server_cmd("llama-server", ns, True, 8080)
+    flags = ours[ours.index("serve") + 1:]
+    assert theirs[1:] == [f for f in flags if f not in ("--log-level", "warning")]
+    seen = {}
+
+    def engine_from_config(path, config):
+        seen["n_ctx"] = config.n_ctx
+        raise Built
+
+    monkeypatch.setattr(serve_mod, "engine_from_config", engine_from_config)
+    CliRunner().invoke(main, ["serve", *flags])
+    assert seen["n_ctx"] == 320
