@@ -289,6 +289,27 @@ python_env() {
   if [ "$BACKEND" = cuda ] && ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
     export PATH="/usr/local/cuda/bin:$PATH"
   fi
+  # The device image sets CC, CXX and CUDAHOSTCXX to /opt/gcc's wrappers of the same gcc,
+  # which link libstdc++ statically: the first GPU run's libggml-cuda.so exported its own copy
+  # (3415 std:: symbols), and a process that had the system libstdc++ loaded before libllama
+  # (the oracle tests) mixed the two and segfaulted in llama_model::print_info; with the
+  # system libstdc++ preloaded both tests passed. The system compilers link it as a shared
+  # library, as every other library in the process does.
+  if [ "$BACKEND" = cuda ] && [ -x /usr/bin/gcc ] && [ -x /usr/bin/g++ ]; then
+    export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+  fi
+}
+
+check_shared_libstdcxx() {  # say so when a built ggml library carries its own libstdc++
+  local lib n
+  for lib in "$SITE"/llama_cpp/lib/libggml-cuda.so "$SITE"/llama_cpp/lib/libllama.so; do
+    [ -f "$lib" ] || continue
+    # std::__codecvt_utf8_base is defined by libstdc++ alone, never instantiated by users
+    n=$(nm -D --defined-only "$lib" 2>/dev/null | grep -c '_ZNKSt19__codecvt_utf8_base' || true)
+    if [ "${n:-0}" -gt 0 ]; then
+      say "WARNING: $lib carries libstdc++ (linked statically; $n of its codecvt symbols exported): a process that loads it after the system libstdc++ can crash (the oracle tests did)"
+    fi
+  done
 }
 
 unpack_sources() {
@@ -387,6 +408,7 @@ build_base() {  # sources, wheels, llama-cpp-python, native binding, llama-serve
     if ! done_ lcp; then
       command -v nvcc >/dev/null || [ "${GPU_CHECK_NO_CUDA:-}" = 1 ] || die "nvcc not found (CUDA toolkit): not a CUDA machine?"
       timed "llama-cpp-python $LCP_VERSION (CUDA $CUDA_ARCH, $JOBS jobs)" "$RESULTS/build_lcp.log" build_lcp_cuda
+      check_shared_libstdcxx
       stamp lcp
     fi
   else
