@@ -70,16 +70,20 @@ Options
 
 The device calls (the lead session makes them; the device tool is no shell command)
   0. Here: scripts/gpu_check.sh prepare     (network; ~15 MiB in .gpu/carry; checks the size)
-  1. device.run  kind: "nvidia-h100-x1" (or leave it out), timeout_s: 600,
-                 carry: [".gpu/carry"],
-                 command: "scripts/gpu_check.sh device --budget 25"
+  1. device.run  kind: left out, timeout_s: 600, carry: [".gpu/carry"],
+                 command: "scripts/gpu_check.sh device --budget 11.5 --shapes 0.8b --skip-new"
+     That fits a session's 15 minutes of device time with the machine's start. Measured on
+     an H200 (2026-11-27): llama-cpp-python CUDA 240 s on 16 cores, llama-server 0.3.36
+     44 s, wheels and native binding 7 s, the 0.8B models 47 s alongside; the whole run
+     (tests, then benchmarks, one run per MTP setting then, 5 paired reps now) finished 7
+     minutes after the first call.
+     With 25+ minutes: "--budget 25" alone also builds b11549 (another CUDA build, alongside
+     the tests) and benchmarks the 9B shape.
   2. The very same call again, at once (a machine idle for 30 s is given back and its builds
-     are lost), until a reply ends with "gpu_check: FINISHED". Expected: 3 calls, ~27 min of
-     device time with the machine's start: builds ~10 min (the models are written meanwhile),
-     device tests alongside the b11549 build, then benchmarks until --budget minutes after
-     the first call (items that would not fit are skipped and listed in the table).
-     Each reply returns $OUT: gpu_check.md (the table), gpu_check.json (every run),
-     tests.log, worker.log, timings.txt, build_logs_tail.txt.
+     are lost), until a reply ends with "gpu_check: FINISHED". The benchmarks run until
+     --budget minutes after the first call (items that would not fit are skipped and listed
+     in the table). Each reply returns $OUT: gpu_check.md (the table), gpu_check.json (every
+     run), tests.log, worker.log, timings.txt, build_logs_tail.txt.
   3. give_back at once after the FINISHED reply (idle time counts against the budget).
   A reply that says "starting on a fresh machine" on a later call means the last machine was
   lost: everything starts again, with a new budget clock; lower --budget by the minutes spent.

@@ -252,51 +252,66 @@ class Runner:
 
     def mtp(self, shape: str, agreement: float, builds: list[str], ours: bool = True) -> None:
         """Greedy MTP speculation at n_max 1-4 and each engine's default, as bench_mtp (one
-        request per fresh process); every speculative output checked against plain."""
+        request per fresh process), ``--mtp-reps`` paired repetitions: each repetition runs
+        every setting on every engine back to back (engine order alternating), so a ratio is
+        taken between runs minutes apart at most, and the table gives the median of the
+        per-repetition ratios with their range. Our default is the calibrated one
+        (``SpecConfig()``: lengths chosen per step), never a fixed n_max standing in for it.
+        Every speculative output is checked against plain of the same repetition."""
         from pyggspec.config import SpecConfig
 
         a = self.args
         path = model_path(shape, agreement)
         ns = SimpleNamespace(ctx=a.ctx, threads=a.threads, n=a.n)
-        default = SpecConfig()
-        reuse_default = not default.adaptive and default.n_max in a.n_max
-        got: dict[tuple[str, str], dict] = {}
-        if ours:
-            for k in ["plain", *a.n_max, *([] if reuse_default else ["default"])]:
-                n_max = None if k in ("plain", "default") else k
-                r = self.run(shape, f"mtp {shape} a{agreement} pyggspec {k}", bench_mtp.run_ours,
-                             path, ns, 1, n_max, k != "plain")
-                if r:
-                    got[("pyggspec", str(k))] = r
-            if reuse_default and ("pyggspec", str(default.n_max)) in got:
-                got[("pyggspec", "default")] = got[("pyggspec", str(default.n_max))]
-        for label in builds:
-            for k in ["plain", *a.n_max, "default"]:
-                r = self.run(shape, f"mtp {shape} a{agreement} llama {label} {k}",
-                             self.llama_mtp, path, ns, k, build=label)
-                if r:
-                    got[(label, str(k))] = r
-        model = model_label(shape, agreement)
+        fixed_default = SpecConfig().adaptive is False  # None (the default) means calibrated
         who_all = (["pyggspec"] if ours else []) + builds
-        for k in ["plain", *a.n_max, "default"]:
+        keys = ["plain", *a.n_max, "default"]
+        got: dict[tuple[str, str], list[dict | None]] = {
+            (w, str(k)): [] for w in who_all for k in keys}
+        for rep in range(a.mtp_reps):
+            for k in keys:
+                order = who_all if (rep + keys.index(k)) % 2 == 0 else who_all[::-1]
+                for who in order:
+                    tag = f"mtp {shape} a{agreement} {who} {k} rep{rep + 1}"
+                    if who == "pyggspec":
+                        n_max = None if k in ("plain", "default") else k
+                        r = self.run(shape, tag, bench_mtp.run_ours, path, ns, 1, n_max,
+                                     k != "plain")
+                    else:
+                        r = self.run(shape, tag, self.llama_mtp, path, ns, k, build=who)
+                    got[(who, str(k))].append(r)
+        model = model_label(shape, agreement)
+        for k in keys:
             setting = ("greedy, plain" if k == "plain" else
                        f"greedy, draft-mtp n_max {k}" if k != "default" else
-                       "greedy, draft-mtp default" + (f" (ours = n_max {default.n_max})"
-                                                      if reuse_default else ""))
+                       "greedy, draft-mtp default" + (" (ours: fixed)" if fixed_default
+                                                      else " (ours: calibrated)"))
             row = self.row("mtp", model, setting)
+            row["reps"] = {}
             for who in who_all:
-                r = got.get((who, str(k)))
-                if not r:
+                rs = got[(who, str(k))]
+                tps = [r["tps"] if r else None for r in rs]
+                if not any(tps):
                     continue
-                row["tps"][who] = r["tps"]
-                if "accept" in r:
-                    row["accept"][who] = r["accept"]
+                row["reps"][who] = tps
+                row["tps"][who] = statistics.median(v for v in tps if v)
+                acc = [r["accept"] for r in rs if r and "accept" in r]
+                if acc:
+                    row["accept"][who] = statistics.median(acc)
                 if k != "plain":
-                    plain = got.get((who, "plain"))
-                    if plain:
-                        row["speedup"][who] = r["tps"] / plain["tps"]
-                        if r["tokens"] != plain["tokens"]:
-                            row["notes"].append(f"{who}: output differs from plain")
+                    plains = got[(who, "plain")]
+                    pairs = [(r["tps"] / p["tps"]) for r, p in zip(rs, plains) if r and p]
+                    if pairs:
+                        row["speedup"][who] = statistics.median(pairs)
+                    if any(r and p and r["tokens"] != p["tokens"] for r, p in zip(rs, plains)):
+                        row["notes"].append(f"{who}: output differs from plain")
+                if who == "pyggspec" and k == "default":  # what the calibration chose
+                    hist = [r.get("budget", {}).get("chosen_lengths") or [] for r in rs if r]
+                    total = [sum(h[i] for h in hist if i < len(h))
+                             for i in range(max(map(len, hist), default=0))]
+                    if sum(total):
+                        row["notes"].append("ours: steps by draft length " + ", ".join(
+                            f"{i}: {n}" for i, n in enumerate(total) if n))
             self.add_row(row)
 
     @staticmethod
@@ -453,15 +468,21 @@ class Runner:
         (another llama build measured later); ratios from single runs."""
         if not row["tps"]:
             return
+        def per_rep(r: dict) -> dict[str, list]:
+            reps = r.get("reps") or {}
+            return {w: reps.get(w, [v]) for w, v in r["tps"].items()}
+
         for old in self.rows:
             if (old["bench"], old["model"], old["setting"]) == (
                     row["bench"], row["model"], row["setting"]):
                 for k in ("tps", "accept", "speedup"):
                     old[k].update(row[k])
+                if "reps" in row:
+                    old.setdefault("reps", {}).update(row["reps"])
                 old["notes"] += row["notes"]
-                self.pair_ratios(old, {w: [v] for w, v in old["tps"].items()})
+                self.pair_ratios(old, per_rep(old))
                 return
-        self.pair_ratios(row, {w: [v] for w, v in row["tps"].items()})
+        self.pair_ratios(row, per_rep(row))
         self.rows.append(row)
 
     @staticmethod
@@ -471,7 +492,12 @@ class Runner:
         for who, v in vals.items():
             if who == "pyggspec" or not v or not ours:
                 continue
-            row["ratio"][who] = statistics.median(o / x for o, x in zip(ours, v) if x)
+            pairs = [o / x for o, x in zip(ours, v) if o and x]
+            if not pairs:
+                continue
+            row["ratio"][who] = statistics.median(pairs)
+            if len(pairs) > 1:  # the table prints it beside the median
+                row.setdefault("ratio_range", {})[who] = [min(pairs), max(pairs), len(pairs)]
 
     def meta(self) -> dict:
         a = self.args
@@ -479,7 +505,8 @@ class Runner:
              "quick": a.quick, "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
              "llama_builds": {k: str(v) for k, v in self.builds},
              "settings": {"prompt": a.prompt, "gen": a.gen, "n": a.n, "n_sampled": a.n_sampled,
-                          "reps": a.reps, "n_max": a.n_max, "temps": a.temps,
+                          "reps": a.reps, "mtp_reps": a.mtp_reps, "n_max": a.n_max,
+                          "temps": a.temps,
                           "clients": a.clients, "requests": a.requests,
                           "serve_prompt": a.serve_prompt, "serve_gen": a.serve_gen,
                           "shapes": a.shapes, "agreements": a.agreements}}
@@ -526,7 +553,10 @@ class Runner:
         for r in self.sorted_rows():
             cells = [r["bench"], r["model"], r["setting"], f(r["tps"].get("pyggspec"), "%.2f")]
             cells += [f(r["tps"].get(b), "%.2f") for b in labels]
-            cells += [f(r["ratio"].get(b), "%.3f") for b in labels]
+            rng = r.get("ratio_range", {})
+            cells += [f(r["ratio"].get(b), "%.3f")
+                      + (" ({:.3f}-{:.3f}, {} reps)".format(*rng[b]) if b in rng else "")
+                      for b in labels]
             sp = r["speedup"]
             cells.append("; ".join([f(sp.get("pyggspec"), "%.2f")]
                                    + [f(sp.get(b), "%.2f") for b in labels])
@@ -544,7 +574,7 @@ class Runner:
         out += ["", ("t/s: generated tokens per second (prefill: prompt tokens), the server's "
                      "own timings for llama-server, the engine's for pyggspec; serve rows: all "
                      "generated tokens / wall time. 'ours / X': pyggspec over that llama-server "
-                     "(paired median). x: speculative over plain of the same engine. One fresh "
+                     "(median of paired repetitions, with their range). x: speculative over plain of the same engine. One fresh "
                      "process per run, one engine at a time.")]
         return "\n".join(out) + "\n"
 
@@ -592,6 +622,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--run-limit", type=float, default=None,
                     help="seconds one run may take before its processes are killed (default "
                          "240 cuda, 1200 vulkan; at least 8x the measured seconds per run)")
+    ap.add_argument("--mtp-reps", type=int, default=None,
+                    help="paired repetitions of the MTP rows (default 5; --quick 1)")
     ap.add_argument("--make-models", action="store_true",
                     help="only write the models (gpu_check.sh does this while it builds)")
     a = ap.parse_args()
@@ -609,12 +641,15 @@ def parse_args() -> argparse.Namespace:
         a.shapes = a.shapes or (["tiny"] if a.backend == "vulkan" else ["0.8b"])
         a.agreements = a.agreements or [0.95]
         a.prompt, a.gen, a.n, a.n_sampled, a.reps = 64, 16, 16, 16, 1
+        a.mtp_reps = a.mtp_reps or 1
         a.n_max, a.temps, a.clients, a.requests = [1, 2, 3], [0.6], [1, 2], 1
         a.serve_prompt, a.serve_gen, a.ctx = 32, 16, 512
     else:
         a.shapes = a.shapes or ["0.8b", "9b"]
         a.agreements = a.agreements or [0.95, 0.70]
-        a.prompt, a.gen, a.n, a.n_sampled, a.reps = 512, 128, 128, 96, 2
+        # MTP rows: 256 tokens (128 take ~0.2 s on an H200's 0.8B shape), 5 paired reps
+        a.prompt, a.gen, a.n, a.n_sampled, a.reps = 512, 128, 256, 96, 2
+        a.mtp_reps = a.mtp_reps or 5
         a.n_max, a.temps, a.clients, a.requests = [1, 2, 3, 4], [0.6, 1.0], [1, 4, 8], 2
         a.serve_prompt, a.serve_gen, a.ctx = 128, 128, 2048
     return a
@@ -638,11 +673,11 @@ def main() -> int:
     ref = a.llama[-1][0]  # the newest build given: the sampled and serve reference
     labels = [b for b, _ in a.llama]
     plan = []  # (name, shape, runs, fn): priority order
-    n_mtp = 1 + len(a.n_max)
+    n_mtp = a.mtp_reps * (2 + len(a.n_max))  # plain, each n_max, default: per engine
     for shape in a.shapes:
         plan.append((f"decode+prefill {shape}", shape, a.reps * (1 + len(labels)),
                      lambda s=shape: r.decode(s)))
-        plan.append((f"mtp greedy {shape} a{a.agreements[0]}", shape, n_mtp + n_mtp + 1,
+        plan.append((f"mtp greedy {shape} a{a.agreements[0]}", shape, 2 * n_mtp,
                      lambda s=shape: r.mtp(s, a.agreements[0], [ref])))
     plan.append((f"sampled {a.shapes[0]} a{a.agreements[0]}", a.shapes[0],
                  1 + 6 * len(a.temps), lambda: r.sampled(a.shapes[0], a.agreements[0], ref)))
@@ -650,12 +685,12 @@ def main() -> int:
                  lambda: r.serve(a.shapes[0], ref)))
     for shape in a.shapes:
         for agr in a.agreements[1:]:
-            plan.append((f"mtp greedy {shape} a{agr}", shape, n_mtp + n_mtp + 1,
+            plan.append((f"mtp greedy {shape} a{agr}", shape, 2 * n_mtp,
                          lambda s=shape, g=agr: r.mtp(s, g, [ref])))
     for label in labels[:-1]:  # the other builds' MTP rows
         for shape in a.shapes:
             for agr in a.agreements:
-                plan.append((f"mtp greedy {shape} a{agr} llama {label}", shape, n_mtp + 1,
+                plan.append((f"mtp greedy {shape} a{agr} llama {label}", shape, n_mtp,
                              lambda s=shape, g=agr, b=label: r.mtp(s, g, [b], ours=False)))
     for shape in a.shapes[1:]:
         plan.append((f"sampled {shape} a{a.agreements[0]}", shape, 1 + 6 * len(a.temps),
