@@ -18,11 +18,17 @@ Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``d
 one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE``. The first engine is the reference of the
 ratios. Each repetition runs every engine once (order reversed every other repetition);
 ``--parallel`` requests of ``-n`` tokens each, 32-token seeded prompts, ``ignore_eos``.
+
+``--steps`` adds where each engine's time went: per step shape (sequences x verify rows),
+the steps, their median wall time, their share of the decode time, the tokens a step
+yielded and the milliseconds per token (e.g. a default losing to fixed n_max 3 in the
+two-draft steps it chose: docs/benchmarks.md, row 51's section).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 import sys
@@ -69,6 +75,41 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
                      "(plain, default, declining, fixed=N; +dv=N, +head=TYPE)")
 
 
+def time_steps(engine, log: list) -> None:
+    """Append (sequences, verify rows, wall ms, tokens) for every decode step ``engine``
+    runs ("prompt" for a step with prompt chunks) to ``log``: its worker's ``run`` wrapped."""
+    worker = engine.worker
+    run = worker.run
+
+    def timed(batch):
+        t0 = time.perf_counter()
+        out = run(batch)
+        ms = (time.perf_counter() - t0) * 1000
+        if batch.decode and not batch.prompt:
+            T = 1 + max((so.n_drafted for so in out.seqs.values()), default=0)
+            log.append((len(batch.decode), T, ms, sum(len(so.tokens) for so in out.seqs.values())))
+        else:
+            log.append(("prompt", 0, ms, 0))
+        return out
+
+    worker.run = timed
+
+
+def step_table(log: list) -> dict:
+    """Per step shape: steps, median ms, share of all step time, tokens per step, ms per
+    token."""
+    by = collections.defaultdict(list)
+    for B, T, ms, tok in log:
+        by[f"{B}x{T}" if B != "prompt" else "prompt"].append((ms, tok))
+    total = sum(ms for v in by.values() for ms, _ in v) or 1.0
+    return {k: {"steps": len(v), "median_ms": round(statistics.median(m for m, _ in v), 2),
+                "share": round(sum(m for m, _ in v) / total, 4),
+                "tokens_per_step": round(sum(t for _, t in v) / len(v), 2),
+                "ms_per_token": (round(sum(m for m, _ in v) / sum(t for _, t in v), 2)
+                                 if any(t for _, t in v) else None)}
+            for k, v in sorted(by.items(), key=lambda kv: (kv[0] != "prompt", kv[0]))}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", type=Path, help="this GGUF instead of a bench model")
@@ -80,6 +121,8 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=128, help="tokens per request")
     ap.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--steps", action="store_true",
+                    help="also report each engine's time per step shape (sequences x rows)")
     args = ap.parse_args()
     path = args.model or benchlib.bench_model(args.agreement, args.type)
     P = args.parallel
@@ -88,6 +131,10 @@ def main() -> int:
                for name in args.engines}
     for e in engines.values():  # warm-up: graphs built before anything is timed
         e.generate_batch([prompts[0][:8]], max_tokens=4, ignore_eos=True)
+    steps: dict[str, list] = {name: [] for name in engines}
+    if args.steps:
+        for name, e in engines.items():
+            time_steps(e, steps[name])
     ms: dict[str, list[float]] = {name: [] for name in engines}
     host: dict[str, list[float]] = {name: [] for name in engines}
     outs: dict[str, list[list[int]]] = {}
@@ -110,6 +157,8 @@ def main() -> int:
               "ms_per_token": {k: [round(x, 3) for x in v] for k, v in ms.items()},
               "host_ms_per_step": {k: round(statistics.median(v), 3) for k, v in host.items()},
               "ratios_ms_vs_" + ref: {}, "same_outputs_as_" + ref: {}, "budgets": {}}
+    if args.steps:
+        report["steps"] = {name: step_table(log) for name, log in steps.items()}
     for name in names[1:]:
         r = sorted(b / a for a, b in zip(ms[ref], ms[name]))
         q = len(r) // 4
