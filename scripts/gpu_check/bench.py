@@ -465,9 +465,11 @@ class Runner:
 
     def add_row(self, row: dict) -> None:
         """Append, or fill the columns of the row with the same bench, model and setting
-        (another llama build measured later); ratios from single runs."""
+        (another llama build measured later). Ratios pair the rows' repetitions by index
+        (``row["reps"]``, the MTP rows), else their single values."""
         if not row["tps"]:
             return
+
         def per_rep(r: dict) -> dict[str, list]:
             reps = r.get("reps") or {}
             return {w: reps.get(w, [v]) for w, v in r["tps"].items()}
@@ -574,8 +576,9 @@ class Runner:
         out += ["", ("t/s: generated tokens per second (prefill: prompt tokens), the server's "
                      "own timings for llama-server, the engine's for pyggspec; serve rows: all "
                      "generated tokens / wall time. 'ours / X': pyggspec over that llama-server "
-                     "(median of paired repetitions, with their range). x: speculative over plain of the same engine. One fresh "
-                     "process per run, one engine at a time.")]
+                     "(median of paired repetitions, with their range). x: speculative over "
+                     "plain of the same engine. One fresh process per run, one engine at a "
+                     "time.")]
         return "\n".join(out) + "\n"
 
     def sorted_rows(self) -> list[dict]:
