@@ -191,6 +191,7 @@ class Runner:
         slim = ({k: v for k, v in r.items() if k not in ("tokens", "stats")}
                 if isinstance(r, dict) else r)
         self.runs.append({"what": what, "seconds": round(dt, 2), "result": slim})
+        self.write()  # every run reaches the JSON at once: a lost machine keeps what ran
         if isinstance(r, dict):
             tps = r.get("tps", r.get("decode_tps", r.get("agg_tps")))
             acc = r.get("accept")
