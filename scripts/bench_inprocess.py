@@ -13,7 +13,9 @@ themselves cost (docs/benchmarks.md row 38). Not a comparison with llama-server.
         --engines default fixed=2 --reps 6
 
 Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``declining``
-(the default made to decline every step: the declined path's own cost), ``fixed=N``
+(the default made to decline every step: the declined path's own cost), ``nodrift`` (the
+default with its costs' speed factor held still: each shape priced by its own runs alone,
+as before row 53), ``fixed=N``
 (``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` after a speculative
 one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE``. The first engine is the reference of the
 ratios. Each repetition runs every engine once (order reversed every other repetition);
@@ -67,12 +69,16 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
         e.draft_policy._declining_loss = lambda *a: float("inf")
         e.draft_policy.idle_explore_every = 0
         return e
+    if base == "nodrift":  # the default without the costs' speed factor (before row 53)
+        e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
+        e.draft_policy.costs.drift_gain = 0.0
+        return e
     if base.startswith("fixed="):
         n = int(base.split("=", 1)[1])
         return Engine(str(path), spec_type="draft-mtp",
                       spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
     raise SystemExit(f"bench_inprocess: unknown engine {spec!r} "
-                     "(plain, default, declining, fixed=N; +dv=N, +head=TYPE)")
+                     "(plain, default, declining, nodrift, fixed=N; +dv=N, +head=TYPE)")
 
 
 def time_steps(engine, log: list) -> None:

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from pyggspec.models.batch import padded_rows
-from pyggspec.speculative.adaptive import GATED_EXACT, CostModel, DraftBudget, gated_value
+from pyggspec.speculative.adaptive import (
+    DRIFT_CLIP,
+    DRIFT_GAIN,
+    GATED_EXACT,
+    CostModel,
+    DraftBudget,
+    gated_value,
+)
 from pyggspec.speculative.calibration import (
     EDGES,
     OFFERED_WINDOW,
@@ -276,7 +283,7 @@ def test_slow_start_up_timings_weigh_as_one_run():
     """Nine four-row steps timed in a slow start-up (97 ms) are settled into one
     observation: the first real step (75 ms) outvotes them, where before it was one vote
     in nine and the budget kept declining on the slow figure. Runs stay counted."""
-    c = CostModel()
+    c = CostModel(drift_gain=0)  # votes alone (the speed factor would move it 1.3%)
     for _ in range(9):
         c.observe("step", 1, 4, 97.0)
     c.observe("step", 1, 4, 75.0)
@@ -366,7 +373,7 @@ def test_forced_keeps_everything_and_records_predictions():
 
 
 def test_cost_model_median_and_row_estimates():
-    c = CostModel()
+    c = CostModel(drift_gain=0)  # each shape its own median (the speed factor: below)
     for ms in (100, 900, 110, 120, 105):  # one step slowed by another process
         c.observe("verify", 1, 2, ms)
     assert c.estimate("verify", 1, 2) == pytest.approx(110)
@@ -380,6 +387,65 @@ def test_cost_model_median_and_row_estimates():
     c.frozen = True
     c.observe("verify", 1, 8, 1)
     assert c.estimate("verify", 1, 8) == 400
+
+
+def test_a_rarely_run_shape_is_priced_at_the_machine_speed_now():
+    """The machine slows by 10% while one shape runs every step and another not at all:
+    the idle shape's cost follows the speed the busy one shows (its own runs were all at
+    the old speed), so the budget compares the two at one moment. Steady runs leave the
+    factor at 1; a single stray run moves it by at most DRIFT_CLIP ** DRIFT_GAIN, and the
+    next few normal ones take it back. Compute runs ("verify", "mtp") move with the
+    factor but do not set it."""
+    c = CostModel()
+    for _ in range(9):
+        c.observe("step", 4, 4, 200.0)  # rarely run later
+        c.observe("step", 4, 3, 160.0)
+    assert c.drift == pytest.approx(1.0)
+    assert c.ms[("step", 4, 4)] == pytest.approx(200.0)
+    for _ in range(60):
+        c.observe("step", 4, 3, 176.0)
+    assert c.ms[("step", 4, 3)] == pytest.approx(176.0, rel=0.01)
+    assert c.drift == pytest.approx(1.1, rel=0.01)
+    assert c.ms[("step", 4, 4)] == pytest.approx(220.0, rel=0.01)
+    before = c.drift
+    c.observe("step", 4, 3, 5000.0)  # another process took the cores once
+    assert c.drift / before == pytest.approx(DRIFT_CLIP ** DRIFT_GAIN)
+    for _ in range(4):
+        c.observe("step", 4, 3, 176.0)
+    assert c.drift == pytest.approx(1.1, rel=0.01)
+    c.observe("step", 4, 4, 220.0)  # the idle shape runs again at the new speed: no jump
+    assert c.ms[("step", 4, 4)] == pytest.approx(220.0, rel=0.02)
+    c.settle()  # settling keeps the current prices
+    assert c.ms[("step", 4, 4)] == pytest.approx(220.0, rel=0.02)
+    c.observe("step", 4, 4, 220.0)
+    assert c.ms[("step", 4, 4)] == pytest.approx(220.0, rel=0.02)
+    c.ms[("mtp", 4, 1)] = 20.0
+    for _ in range(5):
+        c.observe("mtp", 4, 1, 30.0)
+    assert c.drift == pytest.approx(1.1, rel=0.02)
+
+
+def test_the_budgets_choices_do_not_move_with_the_speed_factor():
+    """A slower minute scales every cost and the realized rate alike: against a budget
+    that saw the same steps at the old speed, the drafts kept for the same confidences,
+    and the rate against plain decoding's, are the same."""
+    confs = [[0.99, 0.99, 0.99], [0.99, 0.5, 0.5], [0.5, 0.15, 0.15]]
+    got = []
+    for slow in (1.0, 1.1):
+        m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.98), (0.5, 0.5), (0.15, 0.05)])
+        b = budget(costs(step=100, per_row=15, mtp=10), model=m)
+        for _ in range(5):
+            b.observe_step(1, 1, 100.0, 1)
+            b.observe_step(1, 4, 150.0, 3, mtp_runs=3)
+        for i in range(12):  # the plain shape runs once: its price follows the other's
+            b.observe_step(1, 1, 100.0 * slow, 1) if i == 6 else None
+            b.observe_step(1, 4, 150.0 * slow, 3, mtp_runs=3)
+        assert b.costs.drift == pytest.approx(slow, rel=0.02)
+        assert b.step_cost(1, 1) == pytest.approx(100.0 * slow, rel=0.02)
+        got.append(([run_step(b, c) for c in confs], b.rate(1) / b.plain_rate(1)))
+    (kept, ratio), (kept_slow, ratio_slow) = got
+    assert kept_slow == kept and sum(kept) > 0
+    assert ratio_slow == pytest.approx(ratio, rel=0.02)
 
 
 def test_a_one_row_step_that_ran_the_head_is_not_a_plain_step():

@@ -52,17 +52,37 @@ RECENT = 9  # observations per shape whose median is its cost
 PLAIN_PROBES = 2  # plain steps measured at a batch size before drafting there
 EXPLORE_SHARE = 0.003  # most of the time exploring steps are predicted to lose while declining
 LOSS_REFRESH = 16  # declined steps between two predictions that drafting still loses
+DRIFT_GAIN = 0.5  # how far one step moves the machine's speed factor (half its log ratio)
+DRIFT_CLIP = 1.25  # one step counts as at most this much slower or faster
 
 
 @dataclass
 class CostModel:
     """Milliseconds per graph run, by kind ("verify", "mtp"), batch size and rows.
 
+    Each shape's cost is the median of its recent runs, times the machine's current speed
+    factor (``drift``). Why the factor: these VMs change speed by 10% within a request, and
+    the budget compares shapes it runs every step with shapes it runs rarely (a four-row
+    step where it mostly verifies three rows; a drafting step while it declines). Priced
+    from runs minutes apart, the rarely-run shape looked cheaper or dearer than it was by
+    as much as the choice between them was worth (at ``-np 4``, 4 x 3 against 4 x 4 rows
+    differ ~40 ms in ~200). So every whole step (kind "step") of a shape with a median
+    (three runs or more) moves the factor towards how far it came out from that median
+    (``drift_gain`` of the log ratio, clipped at :data:`DRIFT_CLIP`), every shape's cost
+    moves with the factor, and runs are kept divided by the factor of their moment, so a
+    shape's median compares its runs as if they ran at one speed. The gain is high because
+    a shape's median (nine runs) would otherwise absorb the change first (at 0.05, a 10%
+    slowdown moved the factor 2%); the factor's own noise scales every cost alike, which
+    leaves the budget's choices (ratios of costs, and rates kept in the factor's units)
+    as they were.
+
     ``frozen``: observations are ignored (tests pin the costs to make choices
-    deterministic)."""
+    deterministic). ``drift_gain`` 0: no speed factor (each shape its own median)."""
 
     ms: dict[tuple[str, int, int], float] = field(default_factory=dict)
     frozen: bool = False
+    drift_gain: float = DRIFT_GAIN
+    drift: float = 1.0  # the machine's speed now, relative to when the runs began
     _recent: dict[tuple[str, int, int], deque] = field(default_factory=dict, repr=False)
     _runs: dict[tuple[str, int, int], int] = field(default_factory=dict, repr=False)
 
@@ -74,13 +94,19 @@ class CostModel:
         if q is None:
             q = self._recent[key] = deque(maxlen=RECENT)
             if key in self.ms:  # a calibrated value counts as one observation
-                q.append(self.ms[key])
+                q.append(self.ms[key] / self.drift)
                 self._runs[key] = 1
-        q.append(ms)
+        if kind == "step" and self.drift_gain and len(q) >= 3 and ms > 0:
+            r = ms / (statistics.median(q) * self.drift)
+            f = min(max(r, 1 / DRIFT_CLIP), DRIFT_CLIP) ** self.drift_gain
+            self.drift *= f
+            for k in self.ms:
+                self.ms[k] *= f
+        q.append(ms / self.drift)
         self._runs[key] = self._runs.get(key, 0) + 1
         # the median once there are three (one slow step, e.g. the first run of a new graph,
         # is then outvoted); before, the fastest (a mean of two would keep half the outlier)
-        self.ms[key] = statistics.median(q) if len(q) >= 3 else min(q)
+        self.ms[key] = (statistics.median(q) if len(q) >= 3 else min(q)) * self.drift
 
     def seen(self, kind: str, B: int, T: int) -> int:
         """How many runs of this shape were observed (a calibrated value counts as one)."""
@@ -99,7 +125,7 @@ class CostModel:
         counts), and three make a median."""
         for key, q in self._recent.items():
             if len(q) > 1:
-                self._recent[key] = deque([self.ms[key]], maxlen=RECENT)
+                self._recent[key] = deque([self.ms[key] / self.drift], maxlen=RECENT)
 
     def estimate(self, kind: str, B: int, T: int) -> float | None:
         """The measured cost; else interpolated over rows (B * T) between one-sequence
@@ -160,7 +186,9 @@ class DraftBudget:
         self.chosen: list[int] = [0] * (n_max + 1)  # verify steps by drafts kept (the batch's)
         self.declined = 0  # steps that drafted nothing because drafting could not pay
         self.plain_probes = 0  # steps that drafted nothing to measure plain decoding
-        self._rate: dict[int, float] = {}  # realized tokens/ms per batch size (EMA)
+        # realized tokens/ms per batch size (EMA), in the costs' speed-factor units (times
+        # ``costs.drift`` at each step): a rate from a slower minute stays comparable
+        self._rate: dict[int, float] = {}
         self._n_drafting = 0
         self._n_idle = 0
         # the current step: per slot its regime, the survival of its drafts so far and the
@@ -222,7 +250,7 @@ class DraftBudget:
         """The rate a draft must beat: what steps of this batch size achieve (an average
         of the recent ones), at least plain decoding's. A draft whose expected tokens per
         ms are below it lowers the average (Dinkelbach's rule for the best ratio)."""
-        return max(self.plain_rate(B) or 0.0, self._rate.get(B, 0.0))
+        return max(self.plain_rate(B) or 0.0, self._rate.get(B, 0.0) / self.costs.drift)
 
     # -- per step ----------------------------------------------------------------------------
     def plan(self, slots: Sequence[int], caps: Sequence[int], regimes: Sequence[str]) -> int:
@@ -478,7 +506,7 @@ class DraftBudget:
             plain, mtp = self.step_cost(B, 1), self.costs.estimate("mtp", B, 1)
             cost = plain + mtp_runs * mtp if plain and mtp else wall_ms
         if cost:
-            r = tokens / cost
+            r = tokens / cost * self.costs.drift
             old = self._rate.get(B)
             self._rate[B] = r if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * r
 
@@ -499,7 +527,9 @@ class DraftBudget:
         return {"chosen_lengths": list(self.chosen), "declined_steps": self.declined,
                 "plain_probe_steps": self.plain_probes,
                 "costs_ms": self.costs.to_dict(),
-                "rate_tokens_per_ms": {str(b): round(r, 5) for b, r in sorted(self._rate.items())},
+                "cost_drift": round(self.costs.drift, 4),
+                "rate_tokens_per_ms": {str(b): round(r / self.costs.drift, 5)
+                                       for b, r in sorted(self._rate.items())},
                 "calibration": self.acceptance.report()}
 
 
