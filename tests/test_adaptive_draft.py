@@ -438,7 +438,8 @@ def test_the_budgets_choices_do_not_move_with_the_speed_factor():
             b.observe_step(1, 1, 100.0, 1)
             b.observe_step(1, 4, 150.0, 3, mtp_runs=3)
         for i in range(12):  # the plain shape runs once: its price follows the other's
-            b.observe_step(1, 1, 100.0 * slow, 1) if i == 6 else None
+            if i == 6:
+                b.observe_step(1, 1, 100.0 * slow, 1)
             b.observe_step(1, 4, 150.0 * slow, 3, mtp_runs=3)
         assert b.costs.drift == pytest.approx(slow, rel=0.02)
         assert b.step_cost(1, 1) == pytest.approx(100.0 * slow, rel=0.02)

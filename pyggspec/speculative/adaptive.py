@@ -58,7 +58,8 @@ DRIFT_CLIP = 1.25  # one step counts as at most this much slower or faster
 
 @dataclass
 class CostModel:
-    """Milliseconds per graph run, by kind ("verify", "mtp"), batch size and rows.
+    """Milliseconds by kind (graph runs "verify", "mtp"; whole steps "step"; the head's
+    wall time in a step whose drafts were dropped, "drop"), batch size and rows.
 
     Each shape's cost is the median of its recent runs, times the machine's current speed
     factor (``drift``). Why the factor: these VMs change speed by 10% within a request, and
