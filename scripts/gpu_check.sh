@@ -21,7 +21,11 @@ GPU=.gpu
 CARRY=$GPU/carry        # what travels to the device machine (`carry: [".gpu/carry"]`)
 DL=$GPU/dl              # downloads and trimming scratch (never carried)
 BUILD=$GPU/build        # build outputs (kept on a warm device machine between calls)
-STATE=$GPU/state        # the detached worker's pid, log, stage stamps
+# the detached worker's pid, log, first-call time: outside the working tree, because the device
+# tool re-syncs the tree on every call and a lost pid file once started a second worker beside
+# the first one (row 54: it relinked llama-server under a running benchmark)
+STATE=${GPU_CHECK_STATE:-/tmp/pyggspec-gpu_check-$(printf '%s' "$ROOT" | cksum | cut -d' ' -f1)}
+STAMPS=$GPU/build/stamps  # finished stages: beside the builds they describe, lost with them
 RESULTS=$GPU/results    # table, JSON, logs
 CARRY_LIMIT_MIB=56      # the device tool carries 64 MiB in all, the working tree included
 
@@ -45,7 +49,7 @@ Steps
             follow its log for --follow seconds, copy the results so far into $OUT, and say
             whether to call again. Builds and tests overlap where they can (b11549 builds while
             the tests run). Repeat the same call until it prints "gpu_check: FINISHED".
-  status    what is built and done (.gpu/state)
+  status    what is built and done (stage stamps in .gpu/build/stamps, the worker in /tmp)
 
 Options
   --backend cuda|vulkan   GPU backend (default cuda). vulkan reuses the llama-cpp-python
@@ -157,7 +161,7 @@ TEST_TIMEOUT=${TEST_TIMEOUT:-480}
 PY=${PYTHON:-python3}
 # CMake's own variable: Ninja where it is installed (the device image has it)
 if [ -z "${CMAKE_GENERATOR:-}" ] && command -v ninja >/dev/null; then export CMAKE_GENERATOR=Ninja; fi
-mkdir -p "$STATE" "$RESULTS"
+mkdir -p "$STATE" "$STAMPS" "$RESULTS"
 
 # ---------------------------------------------------------------------------------------
 # prepare (here, with network)
@@ -259,8 +263,8 @@ NEW_SRC=$SRC/llama.cpp-$NEW_TAG
 OLD_TOOLS=$BUILD/tools-$LCP_VERSION-$BACKEND
 NEW_TOOLS=$BUILD/tools-$NEW_TAG-$BACKEND
 
-stamp() { touch "$STATE/$1.$BACKEND.done"; }
-done_() { [ -f "$STATE/$1.$BACKEND.done" ]; }
+stamp() { touch "$STAMPS/$1.$BACKEND.done"; }
+done_() { [ -f "$STAMPS/$1.$BACKEND.done" ]; }
 
 timed() {  # timed NAME LOGFILE CMD...: run, log to file, print the stage time
   local name=$1 log=$2 t0 rc=0
@@ -507,6 +511,8 @@ copy_out() {
 # device: a detached worker, followed call after call
 # ---------------------------------------------------------------------------------------
 worker_alive() { [ -f "$STATE/worker.pid" ] && kill -0 "$(cat "$STATE/worker.pid")" 2>/dev/null; }
+# a worker of this checkout that runs without its pid file (the file was lost): its pid, if any
+stray_worker() { pgrep -f -- "gpu_check.sh .*_worker" | grep -vx "$$" | head -n 1; }
 
 start_models() {
   # the benchmark models are written by numpy on one core each: one process per model,
@@ -574,6 +580,9 @@ step_device() {
     say "already finished on this machine"
   elif worker_alive; then
     say "worker running (pid $(cat "$STATE/worker.pid")); following its log"
+  elif [ -n "$(stray_worker)" ]; then
+    stray_worker >"$STATE/worker.pid"
+    say "worker running without its state (pid $(cat "$STATE/worker.pid")): following it, not starting another"
   else
     if [ -f "$STATE/worker.pid" ]; then
       say "worker gone without finishing: restarting it (finished stages are skipped)"
