@@ -59,18 +59,26 @@ def run_llama(path: Path, args: argparse.Namespace, P: int, n_max: int, repack: 
     return out
 
 
-def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
-             spec: bool, draft_head: str = "") -> dict:
-    """``spec`` with ``n_max`` None: pyggspec's default speculation."""
+def ours_kw(args: argparse.Namespace, P: int, n_max: int | None, spec: bool,
+            draft_head: str = "") -> str:
+    """The ``Engine(...)`` keywords (source text) of one of our runs; ``spec`` with
+    ``n_max`` None: pyggspec's default speculation."""
     kw = ""
     if spec:
         # a fixed n_max is drafted every step (--spec-draft-fixed); the default chooses
         cfg = "SpecConfig(" + (f"n_max={n_max}, adaptive=False, " if n_max else "") + (
             f"draft_head={draft_head!r}" if draft_head else "") + ")"
         kw = f", spec_type='draft-mtp', spec={cfg}"
-    body = f"""
+    return f"n_ctx={args.ctx}, n_parallel={P}, n_threads={args.threads}{kw}"
+
+
+def ours_body(args: argparse.Namespace, P: int, path: Path, warmup: bool = True) -> str:
+    """One timed batch of ``P`` greedy requests on ``e`` (after a short warm-up request)."""
+    warm = ("e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)"
+            if warmup else "")
+    return f"""
 prompts = {prompts(P, path)!r}
-e.generate_batch([p[:8] for p in prompts[:1]], max_tokens=4, ignore_eos=True)  # warm-up
+{warm}
 t0 = time.perf_counter()
 res = e.generate_batch(prompts, max_tokens={args.n}, ignore_eos=True)
 wall = time.perf_counter() - t0
@@ -78,13 +86,18 @@ t = res.timings.to_dict(host=True)
 out = {{"tokens": [r.tokens for r in res], "python_ms": t["python_ms_per_step"],
        "tps": t["predicted_per_second"] if {P} == 1 else
               sum(len(r.tokens) for r in res) / wall}}
-if e.draft_policy is not None:  # what the default chose in this process, and by what costs
+if e.draft_policy is not None:  # what the default chose (so far in this process), and by what costs
     budget = e.draft_policy.to_dict()
     budget.pop("calibration", None)
     out["budget"] = budget
 """
-    return benchlib.run_engine(path, f"n_ctx={args.ctx}, n_parallel={P}, "
-                               f"n_threads={args.threads}{kw}", body)
+
+
+def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
+             spec: bool, draft_head: str = "") -> dict:
+    """One of our runs in a fresh process (``--ours-process fresh``)."""
+    return benchlib.run_engine(path, ours_kw(args, P, n_max, spec, draft_head),
+                               ours_body(args, P, path))
 
 
 def main() -> int:
@@ -112,6 +125,11 @@ def main() -> int:
                          "of our own ratios in the same time")
     ap.add_argument("--llama-n-max", type=int, nargs="+", default=None,
                     help="llama-server's n_max values (default: --n-max)")
+    ap.add_argument("--ours-process", choices=["fresh", "shared"], default="fresh",
+                    help="fresh: each of our runs in a new process, as a user starting the "
+                         "CLI; shared: all our engines of a row in one process kept for the "
+                         "row's repetitions, taking turns request by request, as in a "
+                         "long-lived server (our ratios then see the same phases of the VM)")
     ap.add_argument("--json-out", type=Path, help="also write the table's JSON here")
     benchlib.add_offload_args(ap)
     args = ap.parse_args()
@@ -139,19 +157,34 @@ def main() -> int:
         path = given or benchlib.bench_model(agr, qt)
         for P in args.parallel:
             reps: list[dict[str, dict]] = []
-            for rep in range(args.reps):
-                got: dict[str, dict] = {}
-                for name, engine, n_max, flag, head in (runs if rep % 2 == 0 else runs[::-1]):
-                    t0 = time.monotonic()
-                    if engine == "llama" and head:  # head: this run's llama.cpp build
-                        benchlib.use_llama_build(head)
-                    got[name] = (run_ours(path, args, P, n_max, flag, head) if engine == "ours"
-                                 else run_llama(path, args, P, n_max or 0, flag))
-                    print(f"{agr} {qt} np{P} rep {rep} {name:16s} {got[name]['tps']:7.2f} t/s "
-                          f" accept {got[name].get('accept', float('nan')):.3f} "
-                          f"({time.monotonic() - t0:.0f}s){budget_line(got[name])}",
-                          file=sys.stderr)
-                reps.append(got)
+            host = None
+            if args.ours_process == "shared":
+                host = benchlib.EngineHost(
+                    path, {name: ours_kw(args, P, n_max, flag, head)
+                           for name, engine, n_max, flag, head in runs if engine == "ours"},
+                    ours_body(args, P, path, warmup=False),
+                    warmup=f"e.generate_batch([{prompts(1, path)[0][:8]!r}], max_tokens=4, "
+                           "ignore_eos=True)")
+            try:
+                for rep in range(args.reps):
+                    got: dict[str, dict] = {}
+                    for name, engine, n_max, flag, head in (runs if rep % 2 == 0 else runs[::-1]):
+                        t0 = time.monotonic()
+                        if engine == "llama" and head:  # head: this run's llama.cpp build
+                            benchlib.use_llama_build(head)
+                        if engine == "ours":
+                            got[name] = (host.run(name) if host is not None else
+                                         run_ours(path, args, P, n_max, flag, head))
+                        else:
+                            got[name] = run_llama(path, args, P, n_max or 0, flag)
+                        print(f"{agr} {qt} np{P} rep {rep} {name:16s} {got[name]['tps']:7.2f} t/s "
+                              f" accept {got[name].get('accept', float('nan')):.3f} "
+                              f"({time.monotonic() - t0:.0f}s){budget_line(got[name])}",
+                              file=sys.stderr)
+                    reps.append(got)
+            finally:
+                if host is not None:
+                    host.close()
             table.append(summarize(agr, qt, P, reps, repacks, [b for b, _ in builds]))
             if args.json_out:  # after every row: a run cut short keeps what it measured
                 args.json_out.write_text(json.dumps({"bench": "mtp", "n": args.n,

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -268,6 +269,83 @@ def run_child(code: str) -> dict:
     if r.returncode != 0:
         raise RuntimeError(f"child failed ({r.returncode}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+class EngineHost:
+    """Several pyggspec engines in ONE child process that outlives its requests:
+    ``host.run(name)`` runs engine ``name``'s ``body`` once more and returns its ``out``.
+
+    Why: processes on these VMs run at speeds up to ±15% apart, in phases minutes long, and a
+    fresh process per run compares a run in one phase with a run in another. Engines that
+    share a process and take turns request by request see the same phases, so their ratios
+    show what the engines do (``bench_mtp.py --ours-process shared``; ``bench_inprocess``
+    measures the same way). ``engines`` maps a name to the ``Engine(...)`` keyword source
+    text (as :func:`run_engine`'s ``engine_kw``); ``body`` is run with ``e``, the engine
+    asked for, and leaves its results in ``out``. Each engine keeps what it learnt from one
+    request to the next, as a server does."""
+
+    def __init__(self, path: Path, engines: dict[str, str], body: str,
+                 warmup: str = "") -> None:
+        made = ",\n".join(f"    {name!r}: Engine({str(path)!r}, load_tokenizer=False, "
+                          f"progress=False, {kw}{engine_offload_kw()})"
+                          for name, kw in engines.items())
+        code = f"""
+import json, statistics, sys, time
+from pyggspec.config import SpecConfig
+from pyggspec.engine import Engine
+from pyggspec.sampling import SamplingParams
+engines = {{
+{made}
+}}
+for e in engines.values():
+{textwrap.indent(textwrap.dedent(warmup).strip() or "pass", "    ")}
+print("ready", flush=True)
+def run(e):
+{textwrap.indent(textwrap.dedent(body).strip(), "    ")}
+    if e.spec_type:
+        st = res.stats
+        out["accept"] = st.acceptance
+        out["mean_len"] = st.mean_accepted_length
+        out["stats"] = st.to_dict()
+    return out
+for line in sys.stdin:
+    print(json.dumps(run(engines[line.strip()])), flush=True)
+"""
+        # stderr to a file: a pipe nobody reads would block a chatty child
+        self._err = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by close())
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._err, text=True)
+        self._expect("ready")
+
+    def _expect(self, what: str) -> str:
+        line = self.proc.stdout.readline()
+        if not line or (what and line.strip() != what):
+            self.proc.kill()
+            self._err.seek(0)
+            raise RuntimeError(f"engine host failed ({self.proc.wait()}):\n"
+                               f"{line}{self._err.read()[-3000:]}")
+        return line
+
+    def run(self, name: str) -> dict:
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._expect(""))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._err.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def run_engine(path: Path, engine_kw: str, body: str) -> dict:
