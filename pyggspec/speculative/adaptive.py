@@ -52,8 +52,9 @@ RECENT = 9  # observations per shape whose median is its cost
 PLAIN_PROBES = 2  # plain steps measured at a batch size before drafting there
 EXPLORE_SHARE = 0.003  # most of the time exploring steps are predicted to lose while declining
 LOSS_REFRESH = 16  # declined steps between two predictions that drafting still loses
-DRIFT_GAIN = 0.5  # how far one step moves the machine's speed factor (half its log ratio)
+DRIFT_GAIN = 0.5  # how far (in log) one step moves the speed factor towards its target
 DRIFT_CLIP = 1.25  # one step counts as at most this much slower or faster
+DRIFT_WINDOW = 9  # whole steps whose median speed ratio is the factor's target
 
 
 @dataclass
@@ -67,15 +68,18 @@ class CostModel:
     step where it mostly verifies three rows; a drafting step while it declines). Priced
     from runs minutes apart, the rarely-run shape looked cheaper or dearer than it was by
     as much as the choice between them was worth (at ``-np 4``, 4 x 3 against 4 x 4 rows
-    differ ~40 ms in ~200). So every whole step (kind "step") of a shape with a median
-    (three runs or more) moves the factor towards how far it came out from that median
-    (``drift_gain`` of the log ratio, clipped at :data:`DRIFT_CLIP`), every shape's cost
-    moves with the factor, and runs are kept divided by the factor of their moment, so a
-    shape's median compares its runs as if they ran at one speed. The gain is high because
-    a shape's median (nine runs) would otherwise absorb the change first (at 0.05, a 10%
-    slowdown moved the factor 2%); the factor's own noise scales every cost alike, which
-    leaves the budget's choices (ratios of costs, and rates kept in the factor's units)
-    as they were.
+    differ ~40 ms in ~200). So every whole step (kind "step") of a shape with three runs
+    or more gives a speed ratio against that shape's anchor (its median, in factor units,
+    when it first had three runs; clipped at :data:`DRIFT_CLIP` of the factor), and the
+    factor moves ``drift_gain`` of the way (in log) towards the median of the last
+    :data:`DRIFT_WINDOW` ratios. Every shape's cost moves with the factor, and runs are
+    kept divided by the factor of their moment, so a shape's median compares its runs as
+    if they ran at one speed. Anchored and by a median, the factor neither walks nor
+    creeps on a steady machine (moved by each step's own ratio it crept up x2.5 over a
+    warm process's thousand steps: step times are skewed); the gain is high because a
+    shape's median (nine runs) would otherwise absorb a change first. The factor's own
+    noise scales every cost alike, which leaves the budget's choices (ratios of costs,
+    and rates kept in the factor's units) as they were.
 
     ``frozen``: observations are ignored (tests pin the costs to make choices
     deterministic). ``drift_gain`` 0: no speed factor (each shape its own median)."""
@@ -86,6 +90,8 @@ class CostModel:
     drift: float = 1.0  # the machine's speed now, relative to when the runs began
     _recent: dict[tuple[str, int, int], deque] = field(default_factory=dict, repr=False)
     _runs: dict[tuple[str, int, int], int] = field(default_factory=dict, repr=False)
+    _anchor: dict[tuple[str, int, int], float] = field(default_factory=dict, repr=False)
+    _ratios: deque = field(default_factory=lambda: deque(maxlen=DRIFT_WINDOW), repr=False)
 
     def observe(self, kind: str, B: int, T: int, ms: float) -> None:
         if self.frozen:
@@ -98,8 +104,17 @@ class CostModel:
                 q.append(self.ms[key] / self.drift)
                 self._runs[key] = 1
         if kind == "step" and self.drift_gain and len(q) >= 3 and ms > 0:
-            r = ms / (statistics.median(q) * self.drift)
-            f = min(max(r, 1 / DRIFT_CLIP), DRIFT_CLIP) ** self.drift_gain
+            # the speed now against the shape's anchor (its median when it first had
+            # three runs, in factor units): the factor is the median of the last few such
+            # ratios, not a product of per-step moves -- step times are skewed (a slow
+            # step is slower by more than a fast one is faster), and the product crept up
+            # on a steady machine, x2.5 over a warm process's thousand steps, taking every
+            # rarely-run shape's price with it
+            anchor = self._anchor.setdefault(key, statistics.median(q))
+            r = min(max(ms / anchor, self.drift / DRIFT_CLIP), self.drift * DRIFT_CLIP)
+            self._ratios.append(r)
+            target = statistics.median(self._ratios)
+            f = (target / self.drift) ** self.drift_gain
             self.drift *= f
             for k in self.ms:
                 self.ms[k] *= f
@@ -202,6 +217,7 @@ class DraftBudget:
         self._pred: dict[int, list[float]] = {}
         self._limit = n_max  # the most drafts per sequence this step (the plan's)
         self._explore = False
+        self._floor = 0  # drafts an exploring step keeps, at least, once made (0: none)
         # the last loss found while declining, for which batch, and for how many steps
         self._loss_key: tuple | None = None
         self._loss_val = 0.0
@@ -267,6 +283,7 @@ class DraftBudget:
         if B == 0 or limit <= 0:
             return 0
         self._explore = False
+        self._floor = 0
         if self.forced is not None:
             return min(self.forced, limit)
         if self.costs.seen("step", B, 1) < PLAIN_PROBES and self.costs.ms and not self.costs.frozen:
@@ -407,9 +424,21 @@ class DraftBudget:
             return [(j + 1, True)] * len(slots)
         best = self._best_length(B, j, surv, regimes, confs, slots)
         keep, more = (j + 1, True) if best is None else (min(best, j + 1), best > j + 1)
-        if self._explore and (keep <= j or not more):  # past where the budget stops: once
+        if self._floor:  # an exploring step: the draft past the budget's stop is verified
+            if keep < min(self._floor, j + 1):
+                keep, more = min(self._floor, j + 1), False
+            if j + 1 >= self._floor:
+                self._floor = 0
+        elif self._explore and (keep <= j or not more):  # one past where the budget stops
             self._explore = False
-            keep, more = j + 1, True
+            if keep <= j:  # among the drafts made: verify one more of them
+                keep, more = keep + 1, False
+            else:  # this draft: make the next one, and keep it when it comes (_floor).
+                # Only drafting it, the next call chose again and dropped it, so a longer
+                # step was never measured: in one warm process at Q8_0 ~0.70 -np 4 the
+                # budget verified one draft in 510 of 542 steps and two in one, pricing
+                # the 4 x 3 step at 213 ms from start-up where it ran in ~170
+                self._floor, more = j + 2, True
         if keep <= j:
             for s in slots:
                 del self._pred[s][keep:]
