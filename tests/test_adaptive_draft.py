@@ -359,6 +359,29 @@ def test_an_exploring_step_verifies_one_draft_past_the_budgets_stop():
     assert [run_step(drops, [0.99, 0.15, 0.99]) for _ in range(4)] == [1, 2, 1, 2]
 
 
+def test_an_idle_exploring_step_drafts_on_and_verifies_at_least_one():
+    """A declining budget drafts now and then anyway. That step drafts on while the gate
+    would (sure drafts: all three verified, so the longer step gets measured again), and
+    verifies at least one draft even where the gate would drop them all (the MTP runs are
+    paid either way). Verifying exactly one measured only the one-draft step: at Q4_K_M
+    ~0.95 -np 1 (row 56) a default that declined at start-up never priced three again."""
+    c = costs(step=100, per_row=40, mtp=30)
+    m = learnt(AcceptanceModel(), "greedy", [(0.5, 0.3), (0.99, 1.0)])
+    for _ in range(20):
+        m.offer("greedy", 0.5)
+    b = budget(c, model=m, explore=2)
+    assert b.plan([0], [3], ["greedy"]) == 0
+    assert b.plan([0], [3], ["greedy"]) == 3  # the exploring step
+    assert b.decide(0, [0], [0.99]) == [(1, True)]
+    assert b.decide(1, [0], [0.99]) == [(2, True)]
+    assert b.decide(2, [0], [0.99])[0][0] == 3
+    for _ in range(4):
+        if b.plan([0], [3], ["greedy"]):
+            break
+    assert b.decide(0, [0], [0.5]) == [(1, True)]
+    assert b.decide(1, [0], [0.5]) == [(1, False)]  # the unsure second dropped, one kept
+
+
 def test_batch_spends_the_verify_row_where_acceptance_is_predicted():
     """One verify shape for the batch: a row that costs a whole step is worth it only when
     the sequences' expected tokens together pay for it."""

@@ -218,6 +218,7 @@ class DraftBudget:
         self._limit = n_max  # the most drafts per sequence this step (the plan's)
         self._explore = False
         self._floor = 0  # drafts an exploring step keeps, at least, once made (0: none)
+        self._min_keep = 0  # drafts an idle exploring step verifies, at least
         # the last loss found while declining, for which batch, and for how many steps
         self._loss_key: tuple | None = None
         self._loss_val = 0.0
@@ -283,7 +284,7 @@ class DraftBudget:
         if B == 0 or limit <= 0:
             return 0
         self._explore = False
-        self._floor = 0
+        self._floor = self._min_keep = 0
         if self.forced is not None:
             return min(self.forced, limit)
         if self.costs.seen("step", B, 1) < PLAIN_PROBES and self.costs.ms and not self.costs.frozen:
@@ -302,9 +303,12 @@ class DraftBudget:
                 return 0
             self._n_idle = 0  # explore this step; if drafting still loses, wait longer
             self._idle_next = min(2 * self._idle_next, IDLE_EXPLORE_MAX)
-            # and verify at least one draft: a step whose drafts the gate drops after the
-            # MTP runs pays for them and measures nothing
-            self._explore = True
+            # drafting on while the gate would, and verifying at least one draft: a step
+            # whose drafts the gate drops after the MTP runs pays for them and measures
+            # nothing. Verifying exactly one (row 56) measured only the one-draft step,
+            # which loses where three drafts pay: at Q4_K_M ~0.95 -np 1 a default that
+            # declined at start-up priced the 4-row step from start-up for good
+            self._explore, self._min_keep = "idle", 1
             return limit
         self._idle_next = self.idle_explore_every
         self._n_drafting += 1
@@ -424,7 +428,13 @@ class DraftBudget:
             return [(j + 1, True)] * len(slots)
         best = self._best_length(B, j, surv, regimes, confs, slots)
         keep, more = (j + 1, True) if best is None else (min(best, j + 1), best > j + 1)
-        if self._floor:  # an exploring step: the draft past the budget's stop is verified
+        if self._min_keep and keep < min(self._min_keep, j + 1):
+            keep, more = min(self._min_keep, j + 1), False
+        if self._explore == "idle":  # after declined steps: draft on, the gate choosing
+            self._explore = False
+            if keep <= j or not more:
+                keep, more = j + 1, True
+        elif self._floor:  # an exploring step: the draft past the budget's stop is verified
             if keep < min(self._floor, j + 1):
                 keep, more = min(self._floor, j + 1), False
             if j + 1 >= self._floor:
