@@ -271,6 +271,25 @@ def run_child(code: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+_CHILD_IMPORTS = """
+import json, statistics, sys, time
+from pyggspec.config import SpecConfig
+from pyggspec.engine import Engine
+from pyggspec.sampling import SamplingParams"""
+
+
+def _child_body(body: str) -> str:
+    """``body`` indented one level, followed by the speculation counts of its last call
+    (``res`` or ``r``) added to ``out`` when the engine ``e`` speculates (``dir()``: the
+    names of the body's scope, a function's or the module's)."""
+    return textwrap.indent(textwrap.dedent(body).strip(), "    ") + """
+    if e.spec_type:  # the speculation counts of the body's last call (res or r)
+        st = res.stats if "res" in dir() else r.spec
+        out["accept"] = st.acceptance
+        out["mean_len"] = st.mean_accepted_length
+        out["stats"] = st.to_dict()"""
+
+
 class EngineHost:
     """Several pyggspec engines in ONE child process that outlives its requests:
     ``host.run(name)`` runs engine ``name``'s ``body`` once more and returns its ``out``.
@@ -289,11 +308,7 @@ class EngineHost:
         made = ",\n".join(f"    {name!r}: Engine({str(path)!r}, load_tokenizer=False, "
                           f"progress=False, {kw}{engine_offload_kw()})"
                           for name, kw in engines.items())
-        code = f"""
-import json, statistics, sys, time
-from pyggspec.config import SpecConfig
-from pyggspec.engine import Engine
-from pyggspec.sampling import SamplingParams
+        code = f"""{_CHILD_IMPORTS}
 engines = {{
 {made}
 }}
@@ -301,12 +316,7 @@ for e in engines.values():
 {textwrap.indent(textwrap.dedent(warmup).strip() or "pass", "    ")}
 print("ready", flush=True)
 def run(e):
-{textwrap.indent(textwrap.dedent(body).strip(), "    ")}
-    if e.spec_type:
-        st = res.stats
-        out["accept"] = st.acceptance
-        out["mean_len"] = st.mean_accepted_length
-        out["stats"] = st.to_dict()
+{_child_body(body)}
     return out
 for line in sys.stdin:
     print(json.dumps(run(engines[line.strip()])), flush=True)
@@ -355,19 +365,10 @@ def run_engine(path: Path, engine_kw: str, body: str) -> dict:
     and ``SpecConfig`` are imported for it. ``body`` leaves its results in the dict ``out``;
     when the engine speculates, its acceptance, mean accepted length and counts are added
     (``accept``, ``mean_len``, ``stats``)."""
-    code = f"""
-import json, statistics, time
-from pyggspec.config import SpecConfig
-from pyggspec.engine import Engine
-from pyggspec.sampling import SamplingParams
+    code = f"""{_CHILD_IMPORTS}
 with Engine({str(path)!r}, load_tokenizer=False, progress=False, {engine_kw}
             {engine_offload_kw()}) as e:
-{textwrap.indent(textwrap.dedent(body).strip(), "    ")}
-    if e.spec_type:  # the speculation counts of the body's last call (res or r)
-        st = res.stats if "res" in globals() else r.spec
-        out["accept"] = st.acceptance
-        out["mean_len"] = st.mean_accepted_length
-        out["stats"] = st.to_dict()
+{_child_body(body)}
     print(json.dumps(out))
 """
     return run_child(code)

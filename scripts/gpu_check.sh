@@ -511,7 +511,8 @@ copy_out() {
 # device: a detached worker, followed call after call
 # ---------------------------------------------------------------------------------------
 worker_alive() { [ -f "$STATE/worker.pid" ] && kill -0 "$(cat "$STATE/worker.pid")" 2>/dev/null; }
-# a worker of this checkout that runs without its pid file (the file was lost): its pid, if any
+# a gpu_check worker on this machine that runs without its pid file (the file was lost): its
+# pid, if any (the device machine holds one checkout; elsewhere two checkouts' workers match)
 stray_worker() { pgrep -f -- "gpu_check.sh .*_worker" | grep -vx "$$" | head -n 1; }
 
 start_models() {

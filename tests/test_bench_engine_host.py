@@ -32,6 +32,7 @@ def test_engines_share_one_process_and_keep_their_state(models, monkeypatch):
                         "spec=SpecConfig(n_max=2, adaptive=False)",
                "default": "n_ctx=256, n_threads=1, spec_type='draft-mtp'"}
     with benchlib.EngineHost(path, engines, BODY) as host:
+        # "default" twice: its second run's result is kept, then compared with a third
         got = {name: host.run(name) for name in ["plain", "fixed", "default", "default"]}
         again = host.run("default")
     assert len({r["pid"] for r in [*got.values(), again]}) == 1  # one process

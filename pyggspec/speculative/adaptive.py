@@ -110,7 +110,9 @@ class CostModel:
             # step is slower by more than a fast one is faster), and the product crept up
             # on a steady machine, x2.5 over a warm process's thousand steps, taking every
             # rarely-run shape's price with it
-            anchor = self._anchor.setdefault(key, statistics.median(q))
+            anchor = self._anchor.get(key)
+            if anchor is None:  # set once: a median per step would be wasted work
+                anchor = self._anchor[key] = statistics.median(q)
             r = min(max(ms / anchor, self.drift / DRIFT_CLIP), self.drift * DRIFT_CLIP)
             self._ratios.append(r)
             target = statistics.median(self._ratios)
@@ -216,7 +218,9 @@ class DraftBudget:
         self._cum: dict[int, list[float]] = {}
         self._pred: dict[int, list[float]] = {}
         self._limit = n_max  # the most drafts per sequence this step (the plan's)
-        self._explore = False
+        # an exploring step: False; True (drafting: one draft past the budget's stop) or
+        # "idle" (after declined steps: draft on while the gate would)
+        self._explore: bool | str = False
         self._floor = 0  # drafts an exploring step keeps, at least, once made (0: none)
         self._min_keep = 0  # drafts an idle exploring step verifies, at least
         # the last loss found while declining, for which batch, and for how many steps
