@@ -375,11 +375,52 @@ def test_an_idle_exploring_step_drafts_on_and_verifies_at_least_one():
     assert b.decide(0, [0], [0.99]) == [(1, True)]
     assert b.decide(1, [0], [0.99]) == [(2, True)]
     assert b.decide(2, [0], [0.99])[0][0] == 3
+    b.observe_step(1, 4, 310.0, 4, 3)  # the worker times it (as modeled: 220 + 3 x 30)
     for _ in range(4):
         if b.plan([0], [3], ["greedy"]):
             break
     assert b.decide(0, [0], [0.5]) == [(1, True)]
     assert b.decide(1, [0], [0.5]) == [(1, False)]  # the unsure second dropped, one kept
+
+
+def explore(b, B: int = 1) -> int:
+    """Declined steps until the budget drafts anyway: that step's drafts per sequence."""
+    for _ in range(1000):
+        k = b.plan(list(range(B)), [b.n_max] * B, ["greedy"] * B)
+        if k:
+            return k
+    raise AssertionError("the budget never explored")
+
+
+def test_an_idle_exploring_step_verifies_the_cap_when_the_last_stopped_short():
+    """An idle exploring step whose gate stops short of the cap leaves the cap's step
+    priced from before the budget declined; the next one verifies every draft up to the
+    cap, so it is measured again. Only exploring steps the gate chose measured one
+    draft: at Q4_K_M ~0.70 -np 4 (row 57) the 4 x 4 step kept the first request's price
+    (2.88 plain steps against 2.50-2.64 measured where the budget drafted) and the budget
+    declined for the whole process where gated drafting gained 1-4%."""
+    c = costs(step=100, per_row=40, mtp=30)
+    m = learnt(AcceptanceModel(), "greedy", [(0.5, 0.3), (0.99, 1.0)])
+    for _ in range(20):
+        m.offer("greedy", 0.5)
+    b = budget(c, model=m, explore=2)
+    assert explore(b) == 3  # the gate's choice: one unsure draft kept
+    assert b.decide(0, [0], [0.5]) == [(1, True)]
+    assert b.decide(1, [0], [0.5]) == [(1, False)]
+    b.observe_step(1, 2, 200.0, 1, 2)
+    assert explore(b) == 3  # the cap's step unmeasured since: every draft verified
+    assert [b.decide(j, [0], [0.5]) for j in range(3)] == [[(1, True)], [(2, True)],
+                                                           [(3, True)]]
+    b.observe_step(1, 4, 310.0, 1, 3)
+    assert explore(b) == 3  # measured now: the gate chooses again
+    assert b.decide(0, [0], [0.5]) == [(1, True)]
+    assert b.decide(1, [0], [0.5]) == [(1, False)]
+    c.frozen = True  # pinned costs: nothing to measure, so no step verifies the cap
+    b.observe_step(1, 2, 200.0, 1, 2)
+    for _ in range(2):
+        assert explore(b) == 3
+        assert b.decide(0, [0], [0.5]) == [(1, True)]
+        assert b.decide(1, [0], [0.5]) == [(1, False)]
 
 
 def test_batch_spends_the_verify_row_where_acceptance_is_predicted():

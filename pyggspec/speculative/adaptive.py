@@ -9,7 +9,9 @@ is a fixed length (``--spec-draft-n-max`` is only the cap):
   would make of the head's usual first-draft confidences (:func:`gated_value`) is not
   predicted to beat a step that drafts nothing, the step drafts nothing and the MTP head
   rests (its owed pairs are written later in one batch); after ``idle_explore_every`` declined steps one drafts anyway, so
-  a change in the content is noticed -- the wait doubling (to ``IDLE_EXPLORE_MAX``) each
+  a change in the content is noticed (verifying up to the cap when the last such step
+  stopped short of it, so the longest step's price does not stay that of the first
+  request) -- the wait doubling (to ``IDLE_EXPLORE_MAX``) each
   time it finds drafting still loses, and never shorter than what keeps such steps below
   ``explore_share`` of the time (each costs what drafting is predicted to lose); what it
   is compared with -- plain decoding at this batch size -- is measured, not estimated
@@ -218,9 +220,12 @@ class DraftBudget:
         self._cum: dict[int, list[float]] = {}
         self._pred: dict[int, list[float]] = {}
         self._limit = n_max  # the most drafts per sequence this step (the plan's)
-        # an exploring step: False; True (drafting: one draft past the budget's stop) or
-        # "idle" (after declined steps: draft on while the gate would)
+        # an exploring step: False; True (drafting: one draft past the budget's stop),
+        # "idle" (after declined steps: draft on while the gate would) or "full" (after
+        # declined steps: every draft up to the cap verified)
         self._explore: bool | str = False
+        # (batch, cap, the cap's step runs) when the last idle exploring step began
+        self._cap_runs: tuple[int, int, int] | None = None
         self._floor = 0  # drafts an exploring step keeps, at least, once made (0: none)
         self._min_keep = 0  # drafts an idle exploring step verifies, at least
         # the last loss found while declining, for which batch, and for how many steps
@@ -307,6 +312,17 @@ class DraftBudget:
                 return 0
             self._n_idle = 0  # explore this step; if drafting still loses, wait longer
             self._idle_next = min(2 * self._idle_next, IDLE_EXPLORE_MAX)
+            cap = (B, limit, self.costs.seen("step", B, limit + 1))
+            stale, self._cap_runs = cap == self._cap_runs, cap
+            if stale and not self.costs.frozen:
+                # the last idle exploring step stopped short of the cap, so the cap's step
+                # is still priced from before the budget declined -- from the first
+                # request's few steps: at Q4_K_M ~0.70 -np 4 (row 57) 2.88 plain steps
+                # where processes that drafted measured 2.50-2.64, and the budget declined
+                # for the whole process where gated drafting gained 1-4%. This one
+                # verifies every draft up to the cap, so that price is measured again
+                self._explore = "full"
+                return limit
             # drafting on while the gate would, and verifying at least one draft: a step
             # whose drafts the gate drops after the MTP runs pays for them and measures
             # nothing. Verifying exactly one (row 56) measured only the one-draft step,
@@ -315,6 +331,7 @@ class DraftBudget:
             self._explore, self._min_keep = "idle", 1
             return limit
         self._idle_next = self.idle_explore_every
+        self._cap_runs = None
         self._n_drafting += 1
         self._explore = bool(self.explore_every) and self._n_drafting % self.explore_every == 0
         return limit
@@ -426,7 +443,9 @@ class DraftBudget:
             a = acc.predict(r, j, c)
             self._pred.setdefault(s, []).append(a)
             surv.append(self._survival(s) * a)
-        if self.forced is not None:
+        if self.forced is not None or self._explore == "full":
+            if self._explore == "full" and j + 1 >= self._limit:
+                self._explore = False
             for s, p in zip(slots, surv):
                 self._keep(s, p)
             return [(j + 1, True)] * len(slots)
@@ -566,6 +585,7 @@ class DraftBudget:
         self._rate.clear()
         self._n_drafting = self._n_idle = 0
         self._idle_next = self.idle_explore_every
+        self._cap_runs = None
 
     def to_dict(self) -> dict:
         return {"chosen_lengths": list(self.chosen), "declined_steps": self.declined,
