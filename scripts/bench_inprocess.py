@@ -15,7 +15,8 @@ themselves cost (docs/benchmarks.md row 38). Not a comparison with llama-server.
 Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``declining``
 (the default made to decline every step: the declined path's own cost), ``nodrift`` (the
 default with its costs' speed factor held still: each shape priced by its own runs alone,
-as before row 53), ``fixed=N``
+as before row 53), ``forced=N`` (the default made to verify N drafts every step: its
+budget's bookkeeping without its choices), ``fixed=N``
 (``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` after a speculative
 one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE``. The first engine is the reference of the
 ratios. Each repetition runs every engine once (order reversed every other repetition);
@@ -69,6 +70,11 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
         e.draft_policy._declining_loss = lambda *a: float("inf")
         e.draft_policy.idle_explore_every = 0
         return e
+    if base.startswith("forced="):  # the default made to verify N drafts every step: its
+        # budget's bookkeeping without its choices
+        e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
+        e.draft_policy.forced = int(base.split("=", 1)[1])
+        return e
     if base == "nodrift":  # the default without the costs' speed factor (before row 53)
         e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
         e.draft_policy.costs.drift_gain = 0.0
@@ -78,24 +84,31 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
         return Engine(str(path), spec_type="draft-mtp",
                       spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
     raise SystemExit(f"bench_inprocess: unknown engine {spec!r} "
-                     "(plain, default, declining, nodrift, fixed=N; +dv=N, +head=TYPE)")
+                     "(plain, default, declining, nodrift, forced=N, fixed=N; +dv=N, +head=TYPE)")
 
 
 def time_steps(engine, log: list) -> None:
-    """Append (sequences, verify rows, wall ms, tokens) for every decode step ``engine``
-    runs ("prompt" for a step with prompt chunks) to ``log``: its worker's ``run`` wrapped."""
+    """Append (sequences, verify rows, wall ms, tokens, target compute ms, head compute ms,
+    head runs) for every decode step ``engine`` runs ("prompt" for a step with prompt
+    chunks) to ``log``: its worker's ``run`` wrapped, the graphs' ``compute_ms_total`` read
+    around it."""
     worker = engine.worker
     run = worker.run
+    tgt, mtp = worker.target, worker.mtp
 
     def timed(batch):
-        t0 = time.perf_counter()
+        t0, tc = time.perf_counter(), tgt.compute_ms_total
+        mc, me = (mtp.compute_ms_total, mtp.n_evals) if mtp else (0.0, 0)
         out = run(batch)
         ms = (time.perf_counter() - t0) * 1000
         if batch.decode and not batch.prompt:
             T = 1 + max((so.n_drafted for so in out.seqs.values()), default=0)
-            log.append((len(batch.decode), T, ms, sum(len(so.tokens) for so in out.seqs.values())))
+            log.append((len(batch.decode), T, ms, sum(len(so.tokens) for so in out.seqs.values()),
+                        tgt.compute_ms_total - tc,
+                        (mtp.compute_ms_total - mc) if mtp else 0.0,
+                        (mtp.n_evals - me) if mtp else 0))
         else:
-            log.append(("prompt", 0, ms, 0))
+            log.append(("prompt", 0, ms, 0, 0.0, 0.0, 0))
         return out
 
     worker.run = timed
@@ -105,7 +118,7 @@ def step_table(log: list) -> dict:
     """Per step shape: steps, median ms, share of all step time, tokens per step, ms per
     token."""
     by = collections.defaultdict(list)
-    for B, T, ms, tok in log:
+    for B, T, ms, tok, *_ in log:
         by[f"{B}x{T}" if B != "prompt" else "prompt"].append((ms, tok))
     total = sum(ms for v in by.values() for ms, _ in v) or 1.0
     return {k: {"steps": len(v), "median_ms": round(statistics.median(m for m, _ in v), 2),

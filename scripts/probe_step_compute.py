@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where a decode step's wall time goes, per step shape, for engines in one process: the
-target's compute, the MTP head's compute and the host's rest (``worker.run`` wrapped; the
-graphs' ``compute_ms_total`` read around each step). Not a comparison with llama-server.
+target's compute, the MTP head's compute and the host's rest (``bench_inprocess``'s
+``time_steps``: the graphs' ``compute_ms_total`` read around each step). Not a comparison
+with llama-server.
 
 Why: ``bench_inprocess.py --steps`` says which step shapes an engine ran and what they
 cost as a whole; when two engines run the same shape at different speeds (row 57: the
@@ -10,9 +11,8 @@ default's 4 x 4 steps 6 ms slower than fixed n=3's), this says which part differ
     python3 scripts/probe_step_compute.py --agreement 0.95 --type Q8_0 --parallel 4 \\
         --engines default fixed=3 --reps 6
 
-Engines as in ``bench_inprocess.py`` (``plain``, ``default``, ``fixed=N``, ...), plus
-``forced=N``: the default made to verify N drafts every step (its budget's bookkeeping
-without its choices). Repetitions alternate the order of the engines.
+Engines as in ``bench_inprocess.py`` (``plain``, ``default``, ``forced=N``, ``fixed=N``,
+...); its ``time_steps`` logs the steps. Repetitions alternate the order of the engines.
 """
 
 from __future__ import annotations
@@ -21,40 +21,11 @@ import argparse
 import collections
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
-from bench_inprocess import make_engine
-
-
-def build(path: Path, name: str, P: int, ctx: int, threads: int):
-    if name.startswith("forced="):
-        e = make_engine(path, "default", P, ctx, threads)
-        e.draft_policy.forced = int(name.split("=", 1)[1])
-        return e
-    return make_engine(path, name, P, ctx, threads)
-
-
-def wrap(worker, log: list) -> None:
-    """Log (shape, wall, target compute, head compute, head runs) of every decode step."""
-    run = worker.run
-    tgt, mtp = worker.target, worker.mtp
-
-    def timed(batch):
-        t0, tc = time.perf_counter(), tgt.compute_ms_total
-        mc, me = (mtp.compute_ms_total, mtp.n_evals) if mtp else (0.0, 0)
-        out = run(batch)
-        wall = (time.perf_counter() - t0) * 1000
-        if batch.decode and not batch.prompt:
-            T = 1 + max((so.n_drafted for so in out.seqs.values()), default=0)
-            log.append((f"{len(batch.decode)}x{T}", wall, tgt.compute_ms_total - tc,
-                        (mtp.compute_ms_total - mc) if mtp else 0.0,
-                        (mtp.n_evals - me) if mtp else 0))
-        return out
-
-    worker.run = timed
+from bench_inprocess import make_engine, time_steps
 
 
 def main() -> int:
@@ -72,11 +43,11 @@ def main() -> int:
     path = benchlib.bench_model(args.agreement, args.type)
     P = args.parallel
     prompts = [benchlib.bench_prompt(32, path, seed=i) for i in range(P)]
-    engines = {n: build(path, n, P, args.ctx, args.threads) for n in args.engines}
+    engines = {n: make_engine(path, n, P, args.ctx, args.threads) for n in args.engines}
     logs: dict[str, list] = {n: [] for n in engines}
     for n, e in engines.items():  # warm-up before the wrap: graphs built, not timed
         e.generate_batch([prompts[0][:8]], max_tokens=4, ignore_eos=True)
-        wrap(e.worker, logs[n])
+        time_steps(e, logs[n])
     names = list(engines)
     for rep in range(args.reps):
         for n in names if rep % 2 == 0 else names[::-1]:
@@ -85,8 +56,9 @@ def main() -> int:
     print("engine shape steps | medians ms: wall target head host | head runs")
     for n in names:
         by = collections.defaultdict(list)
-        for shape, *v in logs[n]:
-            by[shape].append(v)
+        for B, T, wall, _tokens, target, head, runs in logs[n]:
+            if B != "prompt":
+                by[f"{B}x{T}"].append((wall, target, head, runs))
         for shape in sorted(by, key=lambda k: -len(by[k]))[:args.top]:
             v = by[shape]
             med = [statistics.median(x[i] for x in v) for i in range(4)]

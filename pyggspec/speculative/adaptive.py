@@ -443,9 +443,7 @@ class DraftBudget:
             a = acc.predict(r, j, c)
             self._pred.setdefault(s, []).append(a)
             surv.append(self._survival(s) * a)
-        if self.forced is not None or self._explore == "full":
-            if self._explore == "full" and j + 1 >= self._limit:
-                self._explore = False
+        if self.forced is not None or self._explore == "full":  # every draft, to the cap
             for s, p in zip(slots, surv):
                 self._keep(s, p)
             return [(j + 1, True)] * len(slots)
