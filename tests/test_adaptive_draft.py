@@ -437,6 +437,28 @@ def test_batch_spends_the_verify_row_where_acceptance_is_predicted():
     assert b.decide(0, [0, 1], [0.99, 0.25])[0][0]  # one confident sequence pays the row
 
 
+def test_a_sequence_that_stopped_drafting_keeps_its_rows_for_the_others():
+    """The verify batch is padded to its longest sequence: once one sequence has stopped
+    drafting (its cap near the end of its request) with a draft kept, the others' drafts
+    cost no row up to its length. Priced as if dropping them saved the row, the last
+    steps of a request dropped three good first drafts and took steps more to finish."""
+    c = CostModel()
+    for T, ms in ((1, 100.0), (2, 180.0), (3, 190.0), (4, 200.0)):
+        c.observe("verify", 4, T, ms)
+    c.observe("mtp", 4, 1, 5.0)
+    c.observe("step", 4, 1, 100.0)
+    c.observe("step", 4, 1, 100.0)
+    c.frozen = True
+    m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.98), (0.01, 0.01)])
+    b = budget(c, model=m)
+    slots = [0, 1, 2, 3]
+    assert b.plan(slots, [3, 1, 3, 3], ["greedy"] * 4) == 3
+    assert b.decide(0, slots, [0.99] * 4) == [(1, True)] * 4  # three drafts pay
+    # slot 1 stopped at its cap with one draft; the others' second drafts came out unsure:
+    # their first drafts stay (the batch verifies two rows either way)
+    assert b.decide(1, [0, 2, 3], [0.01] * 3) == [(1, False)] * 3
+
+
 def test_forced_keeps_everything_and_records_predictions():
     b = budget(costs(step=100, per_row=90, mtp=30))
     b.forced = 3
