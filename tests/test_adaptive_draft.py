@@ -131,16 +131,18 @@ def test_confident_drafts_are_verified_hesitant_ones_are_not():
     assert run_step(b, [0.99, 0.5, 0.99]) >= 1
 
 
-def dear_first_row() -> CostModel:
-    """Verify steps of one sequence as on the benchmark CPU: 32 ms for one row, 72 / 74 / 76
-    for two to four (the first extra row is the dear one); an MTP run 8 ms; plain steps
-    measured at 32."""
+def dear_first_row(B: int = 1, ms: tuple[float, ...] = (32.0, 72.0, 74.0, 76.0),
+                   mtp: float = 8.0) -> CostModel:
+    """Verify steps of ``B`` sequences with one to four rows each costing ``ms`` (default:
+    one sequence as on the benchmark CPU, 32 ms for one row, 72 / 74 / 76 for two to four:
+    the first extra row is the dear one); an MTP run ``mtp``; plain steps measured at
+    the one-row cost."""
     c = CostModel()
-    for T, ms in ((1, 32.0), (2, 72.0), (3, 74.0), (4, 76.0)):
-        c.observe("verify", 1, T, ms)
-    c.observe("mtp", 1, 1, 8.0)
-    c.observe("step", 1, 1, 32.0)
-    c.observe("step", 1, 1, 32.0)
+    for T, v in enumerate(ms, 1):
+        c.observe("verify", B, T, v)
+    c.observe("mtp", B, 1, mtp)
+    c.observe("step", B, 1, ms[0])
+    c.observe("step", B, 1, ms[0])
     return c
 
 
@@ -442,12 +444,7 @@ def test_a_sequence_that_stopped_drafting_keeps_its_rows_for_the_others():
     drafting (its cap near the end of its request) with a draft kept, the others' drafts
     cost no row up to its length. Priced as if dropping them saved the row, the last
     steps of a request dropped three good first drafts and took steps more to finish."""
-    c = CostModel()
-    for T, ms in ((1, 100.0), (2, 180.0), (3, 190.0), (4, 200.0)):
-        c.observe("verify", 4, T, ms)
-    c.observe("mtp", 4, 1, 5.0)
-    c.observe("step", 4, 1, 100.0)
-    c.observe("step", 4, 1, 100.0)
+    c = dear_first_row(4, (100.0, 180.0, 190.0, 200.0), mtp=5.0)
     c.frozen = True
     m = learnt(AcceptanceModel(), "greedy", [(0.99, 0.98), (0.01, 0.01)])
     b = budget(c, model=m)
