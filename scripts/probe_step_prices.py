@@ -12,6 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 from bench_inprocess import make_engine, time_steps
+
 path = benchlib.bench_model(0.95, "Q4_K_M")
 P = 4
 prompts = [benchlib.bench_prompt(32, path, seed=i) for i in range(P)]
