@@ -1,10 +1,19 @@
 #!/usr/bin/env python3
-"""Where the default's price of the 4x4 step comes from: its recent runs (factor units),
-anchors, the drift, after each request; against the step's own wall times (Q4_K_M ~0.95 -np 4 bench
-model, three 4 x 128-token requests). Run with PYTHONPATH at the repository root:
+"""What the default's price of each step shape is made of, against what those steps took.
 
-    python3 scripts/probe_step_prices.py
+Row 60's Q4_K_M ~0.95 -np 4 default declined where fixed n_max 3 gained 18%: it priced the
+4 x 4 step at 4.0 plain steps. This runs one default engine for a few requests and prints,
+after start-up and after each request, per verify-row count at the batch size: the steps
+run, their median wall time and the budget's price, then the 4 x 4 and 4 x 1 shapes' recent
+runs (speed-factor units) and anchors, and the speed factor:
+
+    PYTHONPATH=. python3 scripts/probe_step_prices.py
+    PYTHONPATH=. python3 scripts/probe_step_prices.py --agreement 0.7 --type Q8_0 --parallel 1
 """
+
+from __future__ import annotations
+
+import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -13,21 +22,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib
 from bench_inprocess import make_engine, time_steps
 
-path = benchlib.bench_model(0.95, "Q4_K_M")
-P = 4
-prompts = [benchlib.bench_prompt(32, path, seed=i) for i in range(P)]
-e = make_engine(path, "default", P, 2048, 2)
-c = e.draft_policy.costs
-print("after start-up", {k: round(v, 1) for k, v in c.ms.items() if k[0] == "step" and k[1] == 4}, "drift", round(c.drift, 3))
-log = []
-time_steps(e, log)
-for rep in range(3):
-    log.clear()
-    e.generate_batch(prompts, max_tokens=128, ignore_eos=True)
-    walls = {T: [ms for (B, t, ms, *_ ) in log if B == 4 and t == T] for T in (1, 2, 3, 4)}
-    print(f"rep {rep}: drift {c.drift:.3f}",
-          {T: (len(w), round(statistics.median(w), 1) if w else None, round(c.ms.get(("step", 4, T), 0), 1)) for T, w in walls.items()},
-          "recent4x4", [round(x, 1) for x in c._recent.get(("step", 4, 4), [])],
-          "recent4x1", [round(x, 1) for x in c._recent.get(("step", 4, 1), [])],
-          "anchors", {k[2]: round(v, 1) for k, v in c._anchor.items() if k[1] == 4},
-          "chosen", e.draft_policy.chosen, "declined", e.draft_policy.declined)
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agreement", type=float, default=0.95)
+    ap.add_argument("--type", default="Q4_K_M")
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("-n", type=int, default=128, help="tokens per request")
+    args = ap.parse_args()
+    path = benchlib.bench_model(args.agreement, args.type)
+    P = args.parallel
+    prompts = [benchlib.bench_prompt(32, path, seed=i) for i in range(P)]
+    e = make_engine(path, "default", P, 2048, 2)
+    budget, costs = e.draft_policy, e.draft_policy.costs
+    rows = range(1, budget.n_max + 2)
+    print("after start-up: prices", {T: round(costs.ms.get(("step", P, T), 0.0), 1) for T in rows},
+          f"speed factor {costs.drift:.3f}")
+    log: list = []
+    time_steps(e, log)
+    for req in range(args.requests):
+        log.clear()
+        e.generate_batch(prompts, max_tokens=args.n, ignore_eos=True)
+        walls = {T: [ms for B, t, ms, *_ in log if B == P and t == T] for T in rows}
+        print(f"request {req}: speed factor {costs.drift:.3f}; per rows (steps, median wall, "
+              "price):", {T: (len(w), round(statistics.median(w), 1) if w else None,
+                              round(costs.ms.get(("step", P, T), 0.0), 1))
+                          for T, w in walls.items()})
+        for T in (rows[-1], 1):
+            runs, anchor = costs.history("step", P, T)
+            print(f"  {P}x{T}: recent runs {[round(x, 1) for x in runs]}, anchor "
+                  f"{anchor and round(anchor, 1)}")
+        print(f"  drafts kept per step {budget.chosen}, declined {budget.declined}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -879,3 +879,15 @@ def test_fixed_lengths_leave_the_confidence_out_of_the_graph(paths, make_engine)
     with make_engine(paths[("dense", 0.95)], n_ctx=256, spec_type="draft-mtp",
                      spec=SpecConfig(n_max=3, adaptive=False)) as e:
         assert e.draft_policy is None and not e.drafter.confidence
+
+
+def test_cost_history_shows_what_a_price_is_made_of():
+    c = CostModel()
+    assert c.history("step", 1, 2) == ([], None)
+    for ms in (100.0, 110.0, 105.0):
+        c.observe("step", 1, 2, ms)
+    runs, anchor = c.history("step", 1, 2)
+    assert len(runs) == 3 and anchor is None  # anchored at the step after its third run
+    c.observe("step", 1, 2, 105.0)
+    runs, anchor = c.history("step", 1, 2)
+    assert len(runs) == 4 and anchor == pytest.approx(105.0)

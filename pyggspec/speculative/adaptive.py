@@ -133,6 +133,12 @@ class CostModel:
         key = (kind, B, T)
         return self._runs.get(key, int(key in self.ms))
 
+    def history(self, kind: str, B: int, T: int) -> tuple[list[float], float | None]:
+        """A shape's recent runs (in the speed factor's units) and its anchor (None before
+        its third run): what its price is made of, for probes that explain a price."""
+        key = (kind, B, T)
+        return list(self._recent.get(key, ())), self._anchor.get(key)
+
     def settle(self) -> None:
         """Let each shape's observations so far weigh as one (the value they give: their
         median, or the faster of two): called after
