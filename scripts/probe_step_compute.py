@@ -30,12 +30,9 @@ from bench_inprocess import make_engine, time_steps
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--agreement", type=float, default=0.95)
-    ap.add_argument("--type", default="Q8_0")
-    ap.add_argument("--parallel", type=int, default=4)
+    benchlib.add_model_args(ap, "Q8_0")
     ap.add_argument("--engines", nargs="+", default=["default", "fixed=3"])
     ap.add_argument("--reps", type=int, default=4)
-    ap.add_argument("-n", type=int, default=128, help="tokens per request")
     ap.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=3, help="step shapes shown per engine")

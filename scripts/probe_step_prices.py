@@ -25,11 +25,8 @@ from bench_inprocess import make_engine, time_steps
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--agreement", type=float, default=0.95)
-    ap.add_argument("--type", default="Q4_K_M")
-    ap.add_argument("--parallel", type=int, default=4)
+    benchlib.add_model_args(ap, "Q4_K_M")
     ap.add_argument("--requests", type=int, default=3)
-    ap.add_argument("-n", type=int, default=128, help="tokens per request")
     args = ap.parse_args()
     path = benchlib.bench_model(args.agreement, args.type)
     P = args.parallel
