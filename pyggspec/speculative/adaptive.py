@@ -31,7 +31,11 @@ The rate is what steps of this batch size achieve lately, at least plain decodin
 draft below the running tokens-per-ms average lowers it). Costs are milliseconds,
 measured: :func:`calibrate` times the shapes at start-up, and every step feeds its own
 timings back (the median of the recent ones, so a step slowed by another process does not
-swing the choice), so the model follows the machine (thermal drift, a GPU vs the CPU).
+swing the choice), so the model follows the machine (thermal drift, a GPU vs the CPU);
+a drafting step is priced in plain steps of its batch size run beside it
+(:class:`~pyggspec.speculative.step_ratios.StepRatios`; a budget that drafts runs one
+plain step now and then for that), so drafting and plain decoding are compared within
+one minute, never across minutes of another speed.
 Every ``explore_every`` drafting steps one draft past the budget's stop is verified, so
 confidence bins and positions it would skip stay measured.
 """
@@ -47,6 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pyggspec.speculative.calibration import AcceptanceModel
+from pyggspec.speculative.step_ratios import StepRatios
 
 IDLE_EXPLORE_MAX = 512  # most declined steps between two that draft anyway
 RATE_DECAY = 0.95  # weight of the old average in the realized rate (about 20 steps)
@@ -200,6 +205,8 @@ class DraftBudget:
         self.costs = costs
         self.pad = pad  # rows the verify graph really runs for (T, B)
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
+        # drafting steps in plain steps of their batch size, from steps run side by side
+        self.ratios = StepRatios()
         self.explore_every = explore_every  # drafting steps between two that go one deeper
         # declined steps before one drafts anyway; doubled after each such step that finds
         # drafting still does not pay (up to IDLE_EXPLORE_MAX), reset when it pays again
@@ -254,9 +261,17 @@ class DraftBudget:
         return verify + (T - 1) * mtp  # catch-up (first draft) + T - 2 one-row runs
 
     def step_cost(self, B: int, T: int) -> float | None:
-        """What a whole step costs: its measured wall time when steps of this shape ran
+        """What a whole step costs: plain decoding's price at this batch size times the
+        step's ratio to it, measured side by side (:class:`StepRatios`: prices of two
+        shapes taken minutes apart differed by more than the choice between them was
+        worth); before such a ratio, its measured wall time when steps of this shape ran
         (host work, allocations and the MTP batches included), else the modeled compute
         scaled by how far measured steps of other lengths were above their model."""
+        if T > 1:
+            r = self.ratios.ratio(B, T)
+            plain = self.costs.ms.get(("step", B, 1))
+            if r is not None and plain:
+                return plain * r
         wall = self.costs.ms.get(("step", B, T))
         if wall is not None:
             return wall
@@ -310,6 +325,11 @@ class DraftBudget:
             # real 4-sequence step) made drafting that lost 10% look as if it paid. Twice:
             # the first such step also builds its graph, and alone it set the plain cost
             # so high that the budget drafted on where every fixed length lost
+            self.plain_probes += 1
+            return 0
+        if not self.costs.frozen and self.ratios.wants_plain(B):
+            # a plain step among drafting ones, so drafting is priced against plain
+            # decoding of the same minutes (StepRatios)
             self.plain_probes += 1
             return 0
         loss = self._declining_loss(B, limit, caps, regimes)
@@ -576,10 +596,14 @@ class DraftBudget:
         self.chosen[min(T - 1, self.n_max)] += 1
         if T > 1 or not mtp_runs:
             self.costs.observe("step", B, T, wall_ms)
+            if not self.costs.frozen:
+                self.ratios.observe(B, T, wall_ms)
             cost = self.step_cost(B, T)  # this shape's typical time: one slow step is noise
         elif head_ms is not None and 0.0 < head_ms < wall_ms:
             self.costs.observe("step", B, 1, wall_ms - head_ms)
             self.costs.observe("drop", B, 1, head_ms)  # (frozen costs keep neither)
+            if not self.costs.frozen:
+                self.ratios.observe(B, 1, wall_ms - head_ms)
             cost = ((self.step_cost(B, 1) or wall_ms - head_ms)
                     + self.costs.ms.get(("drop", B, 1), head_ms))
         else:
@@ -596,6 +620,7 @@ class DraftBudget:
         :meth:`CostModel.settle`) and the acceptance model stay."""
         self.forced = None
         self.costs.settle()
+        self.ratios.settle()
         self.chosen = [0] * (self.n_max + 1)
         self.declined = self.plain_probes = 0
         self._loss_key = None
@@ -609,6 +634,7 @@ class DraftBudget:
                 "plain_probe_steps": self.plain_probes,
                 "costs_ms": self.costs.to_dict(),
                 "cost_drift": round(self.costs.drift, 4),
+                "step_ratios": self.ratios.to_dict(),
                 "rate_tokens_per_ms": {str(b): round(r / self.costs.drift, 5)
                                        for b, r in sorted(self._rate.items())},
                 "calibration": self.acceptance.report()}

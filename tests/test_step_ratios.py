@@ -1,0 +1,122 @@
+"""Drafting steps priced in plain steps run beside them (pyggspec.speculative.step_ratios)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyggspec.models.batch import padded_rows
+from pyggspec.speculative.adaptive import CostModel, DraftBudget
+from pyggspec.speculative.calibration import AcceptanceModel
+from pyggspec.speculative.step_ratios import PAIR_SECONDS, PAIR_STEPS, PROBE_EVERY, StepRatios
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_drafting_step_is_compared_with_plain_steps_beside_it():
+    """Before it (the median of those near), else the next plain step if it comes within
+    a few steps and seconds; never one from another minute."""
+    clock = Clock()
+    r = StepRatios(clock)
+    r.observe(4, 1, 100.0)
+    r.observe(4, 1, 110.0)
+    r.observe(4, 4, 315.0)
+    assert r.ratio(4, 4) == pytest.approx(3.0)  # against the median of 100 and 110
+    assert r.ratio(4, 3) is None and r.ratio(1, 4) is None
+    clock.t += PAIR_SECONDS + 1  # another request ran meanwhile
+    r.observe(4, 3, 240.0)
+    assert r.ratio(4, 3) is None  # nothing near before it: it waits for the next one
+    r.observe(4, 1, 120.0)
+    assert r.ratio(4, 3) == pytest.approx(2.0)
+    r.observe(2, 3, 100.0)  # another batch size's plain steps are not its reference
+    assert r.ratio(2, 3) is None
+    for _ in range(PAIR_STEPS + 1):
+        r.observe(4, 1, 50.0)
+    r.observe(2, 1, 50.0)  # too many steps later: the 2 x 3 step never pairs
+    assert r.ratio(2, 3) is None
+    assert r.to_dict() == {"4x3": 2.0, "4x4": 3.0}
+
+
+def test_plain_steps_are_asked_for_while_drafting():
+    """Soon while no drafting shape of a batch size has a ratio, then every
+    PROBE_EVERY drafting steps; a plain step resets the count."""
+    r = StepRatios(Clock())
+    for _ in range(PAIR_STEPS - 1):
+        r.observe(4, 4, 300.0)
+    assert not r.wants_plain(4)
+    r.observe(4, 4, 300.0)
+    assert r.wants_plain(4) and not r.wants_plain(1)
+    r.observe(4, 1, 100.0)
+    assert r.ratio(4, 4) == pytest.approx(3.0)  # the waiting ones paired with it
+    for _ in range(PROBE_EVERY - 1):
+        r.observe(4, 4, 300.0)
+    assert not r.wants_plain(4)
+    r.observe(4, 3, 250.0)
+    assert r.wants_plain(4)
+
+
+def test_settled_start_up_comparisons_weigh_as_one():
+    r = StepRatios(Clock())
+    r.observe(1, 1, 10.0)
+    for ms in (40.0, 40.0, 40.0, 25.0):
+        r.observe(1, 4, ms)
+    r.settle()
+    assert r.ratio(1, 4) == pytest.approx(4.0)
+    r.observe(1, 4, 30.0)  # no plain step since the calibration: nothing to pair with
+    r.observe(1, 1, 10.0)
+    r.observe(1, 4, 30.0)
+    assert r.ratio(1, 4) == pytest.approx(3.0)  # median of 4, 3, 3
+
+
+def test_drafting_is_priced_against_plain_decoding_of_the_same_minutes():
+    """Row 60's miss, made small: plain steps measured in a fast minute (100 ms), then the
+    budget drafts 4 x 4 steps in a 30% slower one (390 ms; 300 at the fast speed). Priced
+    from their own medians the step looked like 3.9 plain steps and drafting lost; from
+    the plain steps the budget runs among its drafting steps it is 3.0, and drafting
+    pays."""
+    acc = AcceptanceModel()
+    for i in range(400):  # nine in ten drafts accepted
+        for pos in range(3):
+            acc.record("greedy", pos, 0.99, i % 10 != 0)
+    for _ in range(20):
+        acc.offer("greedy", 0.99)
+    c = CostModel()
+    c.observe("mtp", 4, 1, 5.0)
+    for rows, ms in ((1, 60.0), (4, 100.0), (8, 190.0), (12, 240.0), (16, 285.0)):
+        c.observe("verify", 1, rows, ms)  # one sequence's graphs: the shapes between
+    b = DraftBudget(3, c, padded_rows, acc, explore_every=0, idle_explore_every=0,
+                    explore_share=0)
+    clock = Clock()
+    b.ratios = StepRatios(clock)
+    for _ in range(3):
+        b.observe_step(4, 1, 100.0, 4)
+    clock.t += 60.0  # a minute later
+    slots, caps, regimes = [0, 1, 2, 3], [3] * 4, ["greedy"] * 4
+    probes = []
+    for i in range(40):
+        k = b.plan(slots, caps, regimes)
+        if k == 0:
+            probes.append(i)
+            b.observe_step(4, 1, 130.0, 4)
+        else:
+            b.observe_step(4, 4, 390.0, 14, mtp_runs=3)
+    assert probes == [PAIR_STEPS]  # asked for once no shape had a ratio
+    assert b.step_cost(4, 4) / b.step_cost(4, 1) == pytest.approx(3.0)
+    assert b._loss(4, 3, caps, regimes) == 0.0  # drafting pays
+    assert b.to_dict()["step_ratios"] == {"4x4": 3.0}
+    own = c.ms[("step", 4, 4)] / c.ms[("step", 4, 1)]  # each shape's own median
+    assert own == pytest.approx(3.9, rel=0.03)
+    ratios, b.ratios = b.ratios, StepRatios(clock)  # priced so, drafting looked as if it lost
+    assert b._loss(4, 3, caps, regimes) > 0
+    b.ratios = ratios
+    b.costs.frozen = True  # pinned costs (tests): no comparisons, no plain steps asked for
+    before = b.plain_probes
+    for _ in range(PROBE_EVERY + 1):
+        assert b.plan(slots, caps, regimes) == 3
+        b.observe_step(4, 4, 390.0, 14, mtp_runs=3)
+    assert b.plain_probes == before
