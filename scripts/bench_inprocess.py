@@ -140,6 +140,9 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=128, help="tokens per request")
     ap.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--calibration", action="store_true",
+                    help="keep each budget's calibration (predicted vs observed acceptance "
+                         "per confidence bin) in the report")
     ap.add_argument("--steps", action="store_true",
                     help="also report each engine's time per step shape (sequences x rows)")
     args = ap.parse_args()
@@ -188,7 +191,8 @@ def main() -> int:
     for name, e in engines.items():
         if e.draft_policy is not None:
             d = e.draft_policy.to_dict()
-            d.pop("calibration", None)
+            if not args.calibration:
+                d.pop("calibration", None)
             report["budgets"][name] = d
         e.close()
     print(json.dumps(report, indent=1))

@@ -31,6 +31,7 @@ PAIR_SECONDS = 10.0  # nor further apart than this (another request may run betw
 RATIO_RECENT = 15  # comparisons per shape whose median is its ratio
 PROBE_EVERY = 64  # drafting steps of a batch size between two plain ones run to pair with
 PLAIN_RECENT = 3  # plain steps of a batch size kept; those near a drafting step: its reference
+RATIO_MIN_RUNS = 3  # comparisons a shape needs before its ratio prices it (one can be a stall)
 
 
 class StepRatios:
@@ -64,18 +65,22 @@ class StepRatios:
             return
         self._since[B] = self._since.get(B, 0) + 1
         near = [p for i, t, p in self._plain.get(B, ()) if self._near(i, t, self._n, now)]
-        if near:
-            self._add(B, T, ms / statistics.median(near))
+        if near:  # their median; of two, the faster (a stall only ever slows a step)
+            self._add(B, T, ms / (statistics.median(near) if len(near) > 2 else min(near)))
             return
         waiting = [e for e in self._pending.get(B, ()) if self._near(e[0], e[1], self._n, now)]
         waiting.append((self._n, now, T, ms))
         self._pending[B] = waiting
 
     def ratio(self, B: int, T: int) -> float | None:
-        """A ``T``-row step's cost in plain steps at batch size ``B``; None before one
-        was compared with a plain step near it."""
+        """A ``T``-row step's cost in plain steps at batch size ``B``; None before
+        :data:`RATIO_MIN_RUNS` were compared with plain steps near them (a settled start-up
+        median counts as that many). One comparison alone priced a shape: on a VM that
+        stalled for a plain step, a 1 x 2 step came out at 0.16 plain steps, its price
+        made the realized rate look six times plain decoding's, and the budget dropped
+        nearly every draft for a request."""
         q = self._ratios.get((B, T))
-        return statistics.median(q) if q else None
+        return statistics.median(q) if q and len(q) >= RATIO_MIN_RUNS else None
 
     def wants_plain(self, B: int) -> bool:
         """Whether the next step at ``B`` should decode plainly to keep the ratios paired:
@@ -84,24 +89,29 @@ class StepRatios:
         since = self._since.get(B, 0)
         if since >= PROBE_EVERY:
             return True
-        return since >= PAIR_STEPS and not any(b == B for b, _ in self._ratios)
+        return since >= PAIR_STEPS and not any(
+            b == B and self.ratio(b, t) is not None for b, t in self._ratios)
 
     def settle(self) -> None:
-        """The comparisons so far weigh as one per shape (their median), and no step
-        before now pairs with a later one: called after the start-up calibration, whose
-        steps come from the process's first seconds."""
+        """The comparisons so far weigh as at most :data:`RATIO_MIN_RUNS` per shape (their
+        median, so real steps outvote them within a probe or two), and no step before now
+        pairs with a later one: called after the start-up calibration, whose steps come
+        from the process's first seconds."""
         for key, q in self._ratios.items():
-            self._ratios[key] = deque([statistics.median(q)], maxlen=RATIO_RECENT)
+            m = statistics.median(q)
+            self._ratios[key] = deque([m] * min(len(q), RATIO_MIN_RUNS), maxlen=RATIO_RECENT)
         self._plain.clear()
         self._pending.clear()
         self._since.clear()
 
     def to_dict(self) -> dict:
-        return {f"{b}x{t}": round(statistics.median(q), 4)
-                for (b, t), q in sorted(self._ratios.items()) if q}
+        return {f"{b}x{t}": round(r, 4) for b, t in sorted(self._ratios)
+                if (r := self.ratio(b, t)) is not None}
 
     def _add(self, B: int, T: int, r: float) -> None:
-        self._ratios.setdefault((B, T), deque(maxlen=RATIO_RECENT)).append(r)
+        # at least one plain step: a drafting step does all a plain step does (the same
+        # batch's first row, sampling, the commit) and more; below it, the plain step stalled
+        self._ratios.setdefault((B, T), deque(maxlen=RATIO_RECENT)).append(max(r, 1.0))
 
     def _near(self, i: int, t: float, j: int, now: float) -> bool:
         return j - i <= PAIR_STEPS and now - t <= PAIR_SECONDS
