@@ -146,9 +146,11 @@ def test_drafting_is_priced_against_plain_decoding_of_the_same_minutes():
     ratios, b.ratios = b.ratios, StepRatios(clock)  # priced so, drafting looked as if it lost
     assert b._loss(4, 3, caps, regimes) > 0
     b.ratios = ratios
-    b.costs.frozen = True  # pinned costs (tests): no comparisons, no plain steps asked for
-    before = b.plain_probes
+    b.costs.frozen = True  # pinned costs (tests) are the whole truth: no ratios, no
+    before = b.plain_probes  # comparisons, no plain steps asked for
+    assert b._loss(4, 3, caps, regimes) > 0
     for _ in range(PROBE_EVERY + 1):
-        assert b.plan(slots, caps, regimes) == 3
+        b.plan(slots, caps, regimes)
         b.observe_step(4, 4, 390.0, 14, mtp_runs=3)
     assert b.plain_probes == before
+    assert b.ratios.to_dict() == {"4x4": 3.0}

@@ -267,7 +267,7 @@ class DraftBudget:
         worth); before such a ratio, its measured wall time when steps of this shape ran
         (host work, allocations and the MTP batches included), else the modeled compute
         scaled by how far measured steps of other lengths were above their model."""
-        if T > 1:
+        if T > 1 and not self.costs.frozen:  # (pinned costs are the whole truth)
             r = self.ratios.ratio(B, T)
             plain = self.costs.ms.get(("step", B, 1))
             if r is not None and plain:
