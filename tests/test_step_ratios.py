@@ -154,3 +154,13 @@ def test_drafting_is_priced_against_plain_decoding_of_the_same_minutes():
         b.observe_step(4, 4, 390.0, 14, mtp_runs=3)
     assert b.plain_probes == before
     assert b.ratios.to_dict() == {"4x4": 3.0}
+
+
+def test_metrics_show_the_ratios_the_budget_prices_by():
+    from pyggspec.serving.http.metrics import budget_families, render
+
+    text = render(budget_families({"declined_steps": 2, "step_ratios": {"4x4": 2.52,
+                                                                         "1x2": 1.5}}))
+    assert "# TYPE pyggspec:spec_draft_step_cost_ratio gauge" in text
+    assert 'pyggspec:spec_draft_step_cost_ratio{batch="4",rows="4"} 2.52' in text
+    assert 'pyggspec:spec_draft_step_cost_ratio{batch="1",rows="2"} 1.5' in text

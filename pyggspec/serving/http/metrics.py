@@ -310,7 +310,8 @@ def budget_families(budget: Mapping[str, Any] | None) -> list[Metric]:
     """The draft-length budget (``DraftBudget.to_dict()``): steps that drafted nothing, and
     its calibration -- per regime and confidence bin the drafts verified, the acceptance
     predicted for them and the acceptance observed -- so a scrape shows whether the
-    predictions the lengths were chosen by are right."""
+    predictions the lengths were chosen by are right; and what it prices each drafting step
+    at, in plain steps of its batch size."""
     if not budget:
         return []
     n = Metric("spec_draft_calibration_drafts_total", "counter",
@@ -327,9 +328,15 @@ def budget_families(budget: Mapping[str, Any] | None) -> list[Metric]:
             if r["predicted"] is not None:
                 pred.add(float(r["predicted"]), **lab)
             obs.add(float(r["observed"]), **lab)
+    ratio = Metric("spec_draft_step_cost_ratio", "gauge",
+                   "A drafting step's cost in plain steps of its batch size, from steps run "
+                   "side by side (what the budget prices it at).")
+    for shape, r in budget.get("step_ratios", {}).items():
+        batch, rows = shape.split("x")
+        ratio.add(float(r), batch=batch, rows=rows)
     return [Metric("spec_draft_declined_steps_total", "counter",
                    "Steps that drafted nothing because no draft was predicted to pay.").add(
-                int(budget.get("declined_steps", 0))), n, pred, obs]
+                int(budget.get("declined_steps", 0))), n, pred, obs, ratio]
 
 
 def hot_vocab_families(hot: Mapping[str, Any] | None) -> list[Metric]:
