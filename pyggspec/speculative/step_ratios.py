@@ -49,6 +49,11 @@ class StepRatios:
         self._pending: dict[int, list[tuple[int, float, int, float]]] = {}
         self._since: dict[int, int] = {}  # drafting steps per batch size since its last plain
         self._ratios: dict[tuple[int, int], deque[float]] = {}
+        # the price of each shape with RATIO_MIN_RUNS comparisons (their median), and the
+        # batch sizes with one: kept as comparisons come, since the budget reads them many
+        # times a step (every length it weighs, after every draft)
+        self._priced: dict[tuple[int, int], float] = {}
+        self._priced_batches: set[int] = set()
 
     def observe(self, B: int, T: int, ms: float) -> None:
         """A whole step of ``B`` sequences with ``T`` rows each took ``ms``."""
@@ -79,8 +84,7 @@ class StepRatios:
         stalled for a plain step, a 1 x 2 step came out at 0.16 plain steps, its price
         made the realized rate look six times plain decoding's, and the budget dropped
         nearly every draft for a request."""
-        q = self._ratios.get((B, T))
-        return statistics.median(q) if q and len(q) >= RATIO_MIN_RUNS else None
+        return self._priced.get((B, T))
 
     def wants_plain(self, B: int) -> bool:
         """Whether the next step at ``B`` should decode plainly to keep the ratios paired:
@@ -89,8 +93,7 @@ class StepRatios:
         since = self._since.get(B, 0)
         if since >= PROBE_EVERY:
             return True
-        return since >= PAIR_STEPS and not any(
-            b == B and self.ratio(b, t) is not None for b, t in self._ratios)
+        return since >= PAIR_STEPS and B not in self._priced_batches
 
     def settle(self) -> None:
         """The comparisons so far weigh as at most :data:`RATIO_MIN_RUNS` per shape (their
@@ -100,18 +103,25 @@ class StepRatios:
         for key, q in self._ratios.items():
             m = statistics.median(q)
             self._ratios[key] = deque([m] * min(len(q), RATIO_MIN_RUNS), maxlen=RATIO_RECENT)
+            self._reprice(key)
         self._plain.clear()
         self._pending.clear()
         self._since.clear()
 
     def to_dict(self) -> dict:
-        return {f"{b}x{t}": round(r, 4) for b, t in sorted(self._ratios)
-                if (r := self.ratio(b, t)) is not None}
+        return {f"{b}x{t}": round(r, 4) for (b, t), r in sorted(self._priced.items())}
 
     def _add(self, B: int, T: int, r: float) -> None:
         # at least one plain step: a drafting step does all a plain step does (the same
         # batch's first row, sampling, the commit) and more; below it, the plain step stalled
         self._ratios.setdefault((B, T), deque(maxlen=RATIO_RECENT)).append(max(r, 1.0))
+        self._reprice((B, T))
+
+    def _reprice(self, key: tuple[int, int]) -> None:
+        q = self._ratios[key]
+        if len(q) >= RATIO_MIN_RUNS:
+            self._priced[key] = statistics.median(q)
+            self._priced_batches.add(key[0])
 
     def _near(self, i: int, t: float, j: int, now: float) -> bool:
         return j - i <= PAIR_STEPS and now - t <= PAIR_SECONDS
