@@ -34,7 +34,7 @@ def main() -> int:
     e = make_engine(path, "default", P, 2048, 2)
     budget, costs = e.draft_policy, e.draft_policy.costs
     rows = range(1, budget.n_max + 2)
-    print("after start-up: prices", {T: round(costs.ms.get(("step", P, T), 0.0), 1) for T in rows},
+    print("after start-up: prices", {T: round(budget.step_cost(P, T) or 0.0, 1) for T in rows},
           f"speed factor {costs.drift:.3f}")
     log: list = []
     time_steps(e, log)
@@ -44,7 +44,7 @@ def main() -> int:
         walls = {T: [ms for B, t, ms, *_ in log if B == P and t == T] for T in rows}
         print(f"request {req}: speed factor {costs.drift:.3f}; per rows (steps, median wall, "
               "price):", {T: (len(w), round(statistics.median(w), 1) if w else None,
-                              round(costs.ms.get(("step", P, T), 0.0), 1))
+                              round(budget.step_cost(P, T) or 0.0, 1))
                           for T, w in walls.items()})
         for T in (rows[-1], 1):
             runs, anchor = costs.history("step", P, T)
