@@ -12,6 +12,7 @@ from pyggspec.speculative.step_ratios import (
     PAIR_STEPS,
     PROBE_EVERY,
     RATIO_MIN_RUNS,
+    RATIO_RECENT,
     StepRatios,
 )
 
@@ -149,11 +150,16 @@ def test_drafting_is_priced_against_plain_decoding_of_the_same_minutes():
     b.costs.frozen = True  # pinned costs (tests) are the whole truth: no ratios, no
     before = b.plain_probes  # comparisons, no plain steps asked for
     assert b._loss(4, 3, caps, regimes) > 0
-    for _ in range(PROBE_EVERY + 1):
-        b.plan(slots, caps, regimes)
-        b.observe_step(4, 4, 390.0, 14, mtp_runs=3)
-    assert b.plain_probes == before
+    b.observe_step(4, 1, 130.0, 4)
+    for _ in range(RATIO_RECENT):  # beside it: 4.0 plain steps each, were they compared
+        b.observe_step(4, 4, 520.0, 14, mtp_runs=3)
     assert b.ratios.to_dict() == {"4x4": 3.0}
+    for _ in range(PROBE_EVERY):  # ratios that would ask for a plain step
+        b.ratios.observe(4, 4, 390.0)
+    assert b.ratios.wants_plain(4)
+    for _ in range(4):
+        b.plan(slots, caps, regimes)
+    assert b.plain_probes == before
 
 
 def test_metrics_show_the_ratios_the_budget_prices_by():
