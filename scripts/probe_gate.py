@@ -52,10 +52,12 @@ def main() -> int:
                              if (w := [ms for B, r, ms, *_ in logs[name] if B == P and r == T])}
         chosen = [a - b for a, b in zip(budget.chosen, before)]
         before = list(budget.chosen)
+        plain = budget.plain_rate(P)  # None while plain steps at P are not measured yet
+        rel = f"{budget.rate(P) / plain:.3f}" if plain else "n/a"
         print(f"request {req}: default / fixed {wall['default'] / wall['fixed']:.3f}; "
               f"drafts kept per step {chosen}; ratios {budget.ratios.to_dict()}; prices "
               f"{[round(budget.step_cost(P, T) or 0.0, 1) for T in rows]}; "
-              f"rate / plain {budget.rate(P) / budget.plain_rate(P):.3f}")
+              f"rate / plain {rel}")
         print(f"  steps per rows (count, median ms): default {by_rows['default']}, "
               f"fixed {by_rows['fixed']}")
     for e in engines.values():
