@@ -17,8 +17,9 @@ Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``d
 default with its costs' speed factor held still: each shape priced by its own runs alone,
 as before row 53), ``forced=N`` (the default made to verify N drafts every step: its
 budget's bookkeeping without its choices), ``fixed=N``
-(``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` after a speculative
-one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE``. The first engine is the reference of the
+(``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` / ``+cap=N`` after a speculative
+one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE`` / ``--spec-draft-n-max N``
+(the default's cap). The first engine is the reference of the
 ratios. Each repetition runs every engine once (order reversed every other repetition);
 ``--parallel`` requests of ``-n`` tokens each, 32-token seeded prompts, ``ignore_eos``.
 
@@ -50,7 +51,7 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
 
     kw = {"n_ctx": ctx * P, "n_parallel": P, "n_threads": threads, "load_tokenizer": False,
           "progress": False}
-    base, *extra = spec.split("+")
+    base, *extra = spec.split("#", 1)[0].split("+")  # "#label": one engine twice
     skw: dict = {}
     for x in extra:
         key, _, val = x.partition("=")
@@ -58,8 +59,10 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
             skw["draft_vocab"] = int(val)
         elif key == "head":
             skw["draft_head"] = val
+        elif key == "cap":
+            skw["n_max"] = int(val)
         else:
-            raise SystemExit(f"bench_inprocess: unknown option {x!r} (dv=N, head=TYPE)")
+            raise SystemExit(f"bench_inprocess: unknown option {x!r} (dv=N, head=TYPE, cap=N)")
     if base == "plain" and not extra:
         return Engine(str(path), **kw)
     if base == "default":
@@ -145,6 +148,10 @@ def main() -> int:
                          "per confidence bin) in the report")
     ap.add_argument("--steps", action="store_true",
                     help="also report each engine's time per step shape (sequences x rows)")
+    ap.add_argument("--turns", choices=["request", "step"], default="request",
+                    help="request: the engines take turns request by request; step: "
+                         "step by step (benchlib.step_turns), each engine's time the sum "
+                         "of its own decode steps")
     args = ap.parse_args()
     path = args.model or benchlib.bench_model(args.agreement, args.type)
     P = args.parallel
@@ -162,6 +169,19 @@ def main() -> int:
     outs: dict[str, list[list[int]]] = {}
     names = list(engines)
     for rep in range(args.reps):
+        if args.turns == "step":
+            order = names if rep % 2 == 0 else names[::-1]
+            got = benchlib.step_turns({n: engines[n] for n in order}, prompts, args.n)
+            for name, g in got.items():
+                res = g["results"]
+                n_dec = sum(r.timings.predicted_n for r in res)
+                n_tok = sum(len(r.tokens) for r in res)
+                ms[name].append(g["decode_ms"] / n_dec if P == 1 else g["all_ms"] / n_tok)
+                host[name].append(max((r.timings for r in res),
+                                      key=lambda t: len(t.python_ms)).python_ms_per_step)
+                outs[name] = [r.tokens for r in res]
+                print(f"rep {rep} {name:10s} {ms[name][-1]:7.2f} ms/token", file=sys.stderr)
+            continue
         for name in names if rep % 2 == 0 else names[::-1]:
             t0 = time.perf_counter()
             res = engines[name].generate_batch(prompts, max_tokens=args.n, ignore_eos=True)

@@ -93,6 +93,41 @@ if e.draft_policy is not None:  # what the default chose (so far in this process
 """
 
 
+def ours_turns(args: argparse.Namespace, P: int, path: Path) -> str:
+    """What :meth:`benchlib.EngineHost.run_turns` runs for ``--ours-turns step``: the same
+    ``P`` greedy requests on every engine of ``group``, step by step in turns, and per
+    engine the ``out`` :func:`ours_body` gives (tokens/s over decode time for one sequence,
+    over all steps for several, as llama-server's timings and a wall clock count)."""
+    return f"""
+sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
+from benchlib import step_turns
+from pyggspec.speculative.stats import SpecStats
+got = step_turns(group, {prompts(P, path)!r}, {args.n})
+outs = {{}}
+for name, g in got.items():
+    e, res = group[name], g["results"]
+    n_dec = sum(r.timings.predicted_n for r in res)
+    n_tok = sum(len(r.tokens) for r in res)
+    out = {{"tokens": [r.tokens for r in res],
+           "python_ms": max((r.timings for r in res), key=lambda t: len(t.python_ms)
+                            ).python_ms_per_step,
+           "tps": 1000 * (n_dec / g["decode_ms"] if {P} == 1 else n_tok / g["all_ms"])}}
+    if e.spec_type:
+        st = SpecStats()
+        for r in res:
+            if r.spec is not None:
+                st.merge(r.spec)
+        out["accept"] = st.acceptance
+        out["mean_len"] = st.mean_accepted_length
+        out["stats"] = st.to_dict()
+    if e.draft_policy is not None:
+        budget = e.draft_policy.to_dict()
+        budget.pop("calibration", None)
+        out["budget"] = budget
+    outs[name] = out
+"""
+
+
 def run_ours(path: Path, args: argparse.Namespace, P: int, n_max: int | None,
              spec: bool, draft_head: str = "") -> dict:
     """One of our runs in a fresh process (``--ours-process fresh``)."""
@@ -130,10 +165,17 @@ def main() -> int:
                          "CLI; shared: all our engines of a row in one process kept for the "
                          "row's repetitions, taking turns request by request, as in a "
                          "long-lived server (our ratios then see the same phases of the VM)")
+    ap.add_argument("--ours-turns", choices=["request", "step"], default="request",
+                    help="with --ours-process shared: our engines take turns request by "
+                         "request, or step by step (benchlib.step_turns: on these VMs only "
+                         "that pairs them within the same second; llama-server still "
+                         "request by request)")
     ap.add_argument("--json-out", type=Path, help="also write the table's JSON here")
     benchlib.add_offload_args(ap)
     args = ap.parse_args()
     benchlib.set_offload(args)
+    if args.ours_turns == "step" and args.ours_process != "shared":
+        ap.error("--ours-turns step needs --ours-process shared")
     repacks = {"both": [True, False], "on": [True], "off": [False]}[args.llama_repack]
     builds = ([] if args.no_llama else
               [tuple(b.split("=", 1)) for b in args.llama] or [("", None)])
@@ -164,15 +206,20 @@ def main() -> int:
                            for name, engine, n_max, flag, head in runs if engine == "ours"},
                     ours_body(args, P, path, warmup=False),
                     warmup=f"e.generate_batch([{prompts(1, path)[0][:8]!r}], max_tokens=4, "
-                           "ignore_eos=True)")
+                           "ignore_eos=True)", turns=ours_turns(args, P, path))
             try:
                 for rep in range(args.reps):
                     got: dict[str, dict] = {}
-                    for name, engine, n_max, flag, head in (runs if rep % 2 == 0 else runs[::-1]):
+                    order = runs if rep % 2 == 0 else runs[::-1]
+                    for name, engine, n_max, flag, head in order:
                         t0 = time.monotonic()
                         if engine == "llama" and head:  # head: this run's llama.cpp build
                             benchlib.use_llama_build(head)
-                        if engine == "ours":
+                        if engine == "ours" and host is not None and args.ours_turns == "step":
+                            if name not in got:  # all of ours at once, step by step
+                                got.update(host.run_turns([r[0] for r in order
+                                                           if r[1] == "ours"]))
+                        elif engine == "ours":
                             got[name] = (host.run(name) if host is not None else
                                          run_ours(path, args, P, n_max, flag, head))
                         else:

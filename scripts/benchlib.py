@@ -270,6 +270,54 @@ def concurrently(fn, n: int) -> float:
     return wall
 
 
+def step_turns(engines: dict, prompts: list, max_tokens: int) -> dict[str, dict]:
+    """Every engine gets the same greedy requests (prompt i in slot i, ``ignore_eos``) and
+    they step in turns, one scheduler step each, until all are done.
+
+    Why: on these VMs the speed swings within a second (two identical engines taking turns
+    request by request: per-repetition ratios 0.84-1.12; step by step: 0.98-1.00, row 66
+    in docs/benchmarks.md), so only engines that alternate step by step see the same
+    moments of the machine. Whole ``Engine.step`` calls are timed (scheduling and the draft
+    budget's host work count). Per engine: ``results`` (each request's Result),
+    ``decode_ms`` (steps that evaluated no prompt chunk: llama-server's predicted time) and
+    ``all_ms`` (every step, as a wall clock around the requests would count)."""
+    from pyggspec.serving.request import Request
+
+    handles = {name: [e.submit(Request(list(p), max_tokens=max_tokens, ignore_eos=True,
+                                       slot=i)) for i, p in enumerate(prompts)]
+               for name, e in engines.items()}
+    decode_ms, all_ms = dict.fromkeys(engines, 0.0), dict.fromkeys(engines, 0.0)
+    flags: dict[str, list[bool]] = {}
+    before = {}
+    for name, e in engines.items():  # which steps evaluated prompt chunks
+        log = flags[name] = []
+        run = before[name] = e.worker.run
+
+        def flagged(batch, run=run, log=log):
+            log.append(bool(batch.prompt))
+            return run(batch)
+
+        e.worker.run = flagged
+    live = list(engines)
+    try:
+        while live:
+            for name in list(live):
+                k = len(flags[name])
+                t0 = time.perf_counter()
+                busy = engines[name].step()
+                ms = (time.perf_counter() - t0) * 1000
+                all_ms[name] += ms
+                if not any(flags[name][k:]):
+                    decode_ms[name] += ms
+                if not busy:
+                    live.remove(name)
+    finally:
+        for name, e in engines.items():
+            e.worker.run = before[name]
+    return {name: {"results": [h.result() for h in hs], "decode_ms": decode_ms[name],
+                   "all_ms": all_ms[name]} for name, hs in handles.items()}
+
+
 def run_child(code: str) -> dict:
     """Run ``code`` in a fresh Python (its threads and memory gone afterwards, like a
     server process); it prints one JSON line last."""
@@ -310,10 +358,14 @@ class EngineHost:
     measures the same way). ``engines`` maps a name to the ``Engine(...)`` keyword source
     text (as :func:`run_engine`'s ``engine_kw``); ``body`` is run with ``e``, the engine
     asked for, and leaves its results in ``out``. Each engine keeps what it learnt from one
-    request to the next, as a server does."""
+    request to the next, as a server does.
+
+    ``turns``: source run by :meth:`run_turns` with ``group`` (name -> engine, in the order
+    asked for), leaving ``outs`` (name -> ``out``): for engines that take turns step by
+    step (:func:`step_turns`) rather than request by request."""
 
     def __init__(self, path: Path, engines: dict[str, str], body: str,
-                 warmup: str = "") -> None:
+                 warmup: str = "", turns: str = "") -> None:
         made = ",\n".join(f"    {name!r}: Engine({str(path)!r}, load_tokenizer=False, "
                           f"progress=False, {kw}{engine_offload_kw()})"
                           for name, kw in engines.items())
@@ -327,8 +379,14 @@ print("ready", flush=True)
 def run(e):
 {_child_body(body)}
     return out
+def run_turns(group):
+{textwrap.indent(textwrap.dedent(turns).strip() or "outs = None", "    ")}
+    return outs
 for line in sys.stdin:
-    print(json.dumps(run(engines[line.strip()])), flush=True)
+    if line.startswith("turns:"):
+        print(json.dumps(run_turns({{n: engines[n] for n in json.loads(line[6:])}})), flush=True)
+    else:
+        print(json.dumps(run(engines[line.strip()])), flush=True)
 """
         # stderr to a file: a pipe nobody reads would block a chatty child
         self._err = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by close())
@@ -347,6 +405,12 @@ for line in sys.stdin:
 
     def run(self, name: str) -> dict:
         self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._expect(""))
+
+    def run_turns(self, names: list[str]) -> dict[str, dict]:
+        """The engines ``names`` run the ``turns`` source once, taking turns in that order."""
+        self.proc.stdin.write("turns:" + json.dumps(names) + "\n")
         self.proc.stdin.flush()
         return json.loads(self._expect(""))
 
