@@ -51,3 +51,37 @@ def test_a_failing_engine_is_an_error_with_the_childs_words(models, monkeypatch)
 
     with pytest.raises(RuntimeError, match="(?s)engine host failed.*no_such_option"):
         benchlib.EngineHost(models.dense(), {"bad": "no_such_option=1"}, BODY)
+
+
+TURNS = """
+got = step_turns(group, [[1, 2, 3, 4, 5], [6, 7, 8]], 10)
+outs = {name: {"tokens": [r.tokens for r in g["results"]], "decode_ms": g["decode_ms"],
+               "all_ms": g["all_ms"], "runs": (sum(group[name].draft_policy.chosen)
+                                               if group[name].draft_policy else None)}
+        for name, g in got.items()}
+"""
+
+
+def test_engines_take_turns_step_by_step(models, monkeypatch):
+    """``--ours-turns step``: every engine of the group runs the same requests, stepping in
+    turns; the outputs are each engine's own (lossless speculation: all equal), and the
+    decode time leaves the prompt's steps out of the whole."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import benchlib
+
+    engines = {"plain": "n_ctx=256, n_parallel=2, n_threads=1",
+               "fixed": "n_ctx=256, n_parallel=2, n_threads=1, spec_type='draft-mtp', "
+                        "spec=SpecConfig(n_max=2, adaptive=False)",
+               "default": "n_ctx=256, n_parallel=2, n_threads=1, spec_type='draft-mtp'"}
+    turns = f"import sys\nsys.path.insert(0, {str(ROOT / 'scripts')!r})\n" \
+            "from benchlib import step_turns\n" + TURNS
+    with benchlib.EngineHost(models.dense(), engines, BODY, turns=turns) as host:
+        got = host.run_turns(["default", "plain", "fixed"])
+        again = host.run_turns(["fixed", "plain", "default"])
+    assert list(got) == ["default", "plain", "fixed"]
+    for res in (got, again):
+        assert res["fixed"]["tokens"] == res["plain"]["tokens"] == res["default"]["tokens"]
+        assert all(len(t) == 10 for t in res["plain"]["tokens"])
+        for out in res.values():
+            assert 0 < out["decode_ms"] < out["all_ms"]
+    assert again["default"]["runs"] > got["default"]["runs"] > 0  # the budget is kept
