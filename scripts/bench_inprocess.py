@@ -19,8 +19,10 @@ as before row 53), ``forced=N`` (the default made to verify N drafts every step:
 budget's bookkeeping without its choices), ``fixed=N``
 (``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` / ``+cap=N`` after a speculative
 one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE`` / ``--spec-draft-n-max N``
-(the default's cap). The first engine is the reference of the
-ratios. Each repetition runs every engine once (order reversed every other repetition);
+(the default's cap); ``#label`` after any names one engine twice (``fixed=3
+fixed=3#b``: what two identical engines read apart). The first engine is the reference of the
+ratios. ``--turns step``: the engines take turns step by step instead of request by request
+(``benchlib.step_turns``; ~1% between identical engines in 5 reps, docs/benchmarks.md row 66). Each repetition runs every engine once (order reversed every other repetition);
 ``--parallel`` requests of ``-n`` tokens each, 32-token seeded prompts, ``ignore_eos``.
 
 ``--steps`` adds where each engine's time went: per step shape (sequences x verify rows),
