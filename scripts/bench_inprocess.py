@@ -175,13 +175,9 @@ def main() -> int:
             order = names if rep % 2 == 0 else names[::-1]
             got = benchlib.step_turns({n: engines[n] for n in order}, prompts, args.n)
             for name, g in got.items():
-                res = g["results"]
-                n_dec = sum(r.timings.predicted_n for r in res)
-                n_tok = sum(len(r.tokens) for r in res)
-                ms[name].append(g["decode_ms"] / n_dec if P == 1 else g["all_ms"] / n_tok)
-                host[name].append(max((r.timings for r in res),
-                                      key=lambda t: len(t.python_ms)).python_ms_per_step)
-                outs[name] = [r.tokens for r in res]
+                ms[name].append(g["ms_per_token"])
+                host[name].append(g["python_ms"])
+                outs[name] = [r.tokens for r in g["results"]]
                 print(f"rep {rep} {name:10s} {ms[name][-1]:7.2f} ms/token", file=sys.stderr)
             continue
         for name in names if rep % 2 == 0 else names[::-1]:

@@ -101,22 +101,13 @@ def ours_turns(args: argparse.Namespace, P: int, path: Path) -> str:
     return f"""
 sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
 from benchlib import step_turns
-from pyggspec.speculative.stats import SpecStats
 got = step_turns(group, {prompts(P, path)!r}, {args.n})
 outs = {{}}
 for name, g in got.items():
-    e, res = group[name], g["results"]
-    n_dec = sum(r.timings.predicted_n for r in res)
-    n_tok = sum(len(r.tokens) for r in res)
-    out = {{"tokens": [r.tokens for r in res],
-           "python_ms": max((r.timings for r in res), key=lambda t: len(t.python_ms)
-                            ).python_ms_per_step,
-           "tps": 1000 * (n_dec / g["decode_ms"] if {P} == 1 else n_tok / g["all_ms"])}}
-    if e.spec_type:
-        st = SpecStats()
-        for r in res:
-            if r.spec is not None:
-                st.merge(r.spec)
+    e, st = group[name], g["spec"]
+    out = {{"tokens": [r.tokens for r in g["results"]], "python_ms": g["python_ms"],
+           "tps": 1000 / g["ms_per_token"]}}
+    if st is not None:
         out["accept"] = st.acceptance
         out["mean_len"] = st.mean_accepted_length
         out["stats"] = st.to_dict()

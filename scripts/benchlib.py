@@ -278,10 +278,14 @@ def step_turns(engines: dict, prompts: list, max_tokens: int) -> dict[str, dict]
     request by request: per-repetition ratios 0.84-1.12; step by step: 0.98-1.00, row 66
     in docs/benchmarks.md), so only engines that alternate step by step see the same
     moments of the machine. Whole ``Engine.step`` calls are timed (scheduling and the draft
-    budget's host work count). Per engine: ``results`` (each request's Result),
-    ``decode_ms`` (steps that evaluated no prompt chunk: llama-server's predicted time) and
-    ``all_ms`` (every step, as a wall clock around the requests would count)."""
+    budget's host work count). Per engine: ``results`` (each request's Result);
+    ``ms_per_token``: for one sequence its decode time (steps that evaluated no prompt
+    chunk, as llama-server's predicted time) per predicted token, for several the time of
+    every step (as a wall clock around the requests) per generated token; ``decode_ms``,
+    ``all_ms``; ``python_ms`` (host ms per step, as ``Engine.generate_batch`` reports it);
+    ``spec`` (the requests' merged speculation counts, None without speculation)."""
     from pyggspec.serving.request import Request
+    from pyggspec.speculative.stats import SpecStats
 
     handles = {name: [e.submit(Request(list(p), max_tokens=max_tokens, ignore_eos=True,
                                        slot=i)) for i, p in enumerate(prompts)]
@@ -314,8 +318,23 @@ def step_turns(engines: dict, prompts: list, max_tokens: int) -> dict[str, dict]
     finally:
         for name, e in engines.items():
             e.worker.run = before[name]
-    return {name: {"results": [h.result() for h in hs], "decode_ms": decode_ms[name],
-                   "all_ms": all_ms[name]} for name, hs in handles.items()}
+    out = {}
+    for name, hs in handles.items():
+        res = [h.result() for h in hs]
+        spec = None
+        for r in res:
+            if r.spec is not None:
+                spec = spec or SpecStats()
+                spec.merge(r.spec)
+        n_dec = sum(r.timings.predicted_n for r in res)
+        n_tok = sum(len(r.tokens) for r in res)
+        out[name] = {"results": res, "decode_ms": decode_ms[name], "all_ms": all_ms[name],
+                     "ms_per_token": (decode_ms[name] / max(n_dec, 1) if len(res) == 1
+                                      else all_ms[name] / max(n_tok, 1)),
+                     "python_ms": max((r.timings for r in res),
+                                      key=lambda t: len(t.python_ms)).python_ms_per_step,
+                     "spec": spec}
+    return out
 
 
 def run_child(code: str) -> dict:

@@ -570,7 +570,8 @@ def test_the_budgets_choices_do_not_move_with_the_speed_factor():
             b.observe_step(1, 4, 150.0 * slow, 3, mtp_runs=3)
         assert b.costs.drift == pytest.approx(slow, rel=0.02)
         assert b.step_cost(1, 1) == pytest.approx(100.0 * slow, rel=0.02)
-        got.append(([run_step(b, c) for c in confs], b.rate(1) / b.plain_rate(1)))
+        realized = b.to_dict()["rate_tokens_per_ms"]["1"]  # what steps achieved (reported)
+        got.append(([run_step(b, c) for c in confs], realized / b.plain_rate(1)))
     (kept, ratio), (kept_slow, ratio_slow) = got
     assert kept_slow == kept and sum(kept) > 0
     assert ratio_slow == pytest.approx(ratio, rel=0.02)
@@ -891,3 +892,16 @@ def test_cost_history_shows_what_a_price_is_made_of():
     c.observe("step", 1, 2, 105.0)
     runs, anchor = c.history("step", 1, 2)
     assert len(runs) == 4 and anchor == pytest.approx(105.0)
+
+
+def test_a_draft_must_beat_plain_decoding_not_the_realized_average():
+    """The rate a draft is weighed against is plain decoding's, however well steps have
+    done lately: judged against the realized average (Dinkelbach), the gate dropped drafts
+    that paid (Q8_0 ~0.70 -np 1, docs/benchmarks.md row 66). The realized rate is still
+    reported."""
+    b = budget(costs(step=100, per_row=15, mtp=10))
+    for _ in range(20):
+        b.observe_step(1, 4, 150.0, 4, mtp_runs=3)  # 4 tokens per 150 ms: 2.7x plain's rate
+    realized = b.to_dict()["rate_tokens_per_ms"]["1"]
+    assert realized > 2 * b.plain_rate(1)
+    assert b.rate(1) == pytest.approx(b.plain_rate(1))
