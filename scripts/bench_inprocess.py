@@ -19,7 +19,8 @@ as before row 53), ``forced=N`` (the default made to verify N drafts every step:
 budget's bookkeeping without its choices), ``fixed=N``
 (``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` / ``+cap=N`` after a speculative
 one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE`` / ``--spec-draft-n-max N``
-(the default's cap); ``#label`` after any names one engine twice (``fixed=3
+(the default's cap); ``+huge=0`` after any loads its weights without huge pages
+(:mod:`pyggspec.ggml.hugepages`); ``#label`` after any names one engine twice (``fixed=3
 fixed=3#b``: what two identical engines read apart). The first engine is the reference of the
 ratios. ``--turns step``: the engines take turns step by step instead of request by request
 (``benchlib.step_turns``; ~1% between identical engines in 5 reps, docs/benchmarks.md row 66). Each repetition runs every engine once (order reversed every other repetition);
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import statistics
 import sys
 import time
@@ -46,11 +48,9 @@ import benchlib
 
 
 def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
-    """``plain``, ``default`` or ``fixed=N``, optionally with ``+dv=N`` (--spec-draft-vocab)
-    and ``+head=TYPE`` (--spec-draft-head) after it."""
-    from pyggspec.config import SpecConfig
-    from pyggspec.engine import Engine
-
+    """``plain``, ``default`` or ``fixed=N``, optionally with ``+dv=N`` (--spec-draft-vocab),
+    ``+head=TYPE`` (--spec-draft-head), ``+cap=N`` or ``+huge=0`` (weights on the system's
+    pages: ``PYGGSPEC_HUGE_PAGES=0`` while it loads) after it."""
     kw = {"n_ctx": ctx * P, "n_parallel": P, "n_threads": threads, "load_tokenizer": False,
           "progress": False}
     base, *extra = spec.split("#", 1)[0].split("+")  # "#label": one engine twice
@@ -63,9 +63,22 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
             skw["draft_head"] = val
         elif key == "cap":
             skw["n_max"] = int(val)
+        elif key == "huge":  # weights without (0) or with (1) huge pages
+            os.environ["PYGGSPEC_HUGE_PAGES"] = val
         else:
-            raise SystemExit(f"bench_inprocess: unknown option {x!r} (dv=N, head=TYPE, cap=N)")
-    if base == "plain" and not extra:
+            raise SystemExit(f"bench_inprocess: unknown option {x!r} "
+                             "(dv=N, head=TYPE, cap=N, huge=0|1)")
+    try:
+        return _engine(path, base, skw, kw)
+    finally:
+        os.environ.pop("PYGGSPEC_HUGE_PAGES", None)
+
+
+def _engine(path: Path, base: str, skw: dict, kw: dict):
+    from pyggspec.config import SpecConfig
+    from pyggspec.engine import Engine
+
+    if base == "plain" and not skw:
         return Engine(str(path), **kw)
     if base == "default":
         return Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
@@ -88,7 +101,7 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
         n = int(base.split("=", 1)[1])
         return Engine(str(path), spec_type="draft-mtp",
                       spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
-    raise SystemExit(f"bench_inprocess: unknown engine {spec!r} "
+    raise SystemExit(f"bench_inprocess: unknown engine {base!r} "
                      "(plain, default, declining, nodrift, forced=N, fixed=N; +dv=N, +head=TYPE)")
 
 

@@ -6,7 +6,7 @@ import weakref
 from typing import TYPE_CHECKING
 
 from pyggspec.errors import DeviceError
-from pyggspec.ggml import _lib
+from pyggspec.ggml import _lib, hugepages
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.device import Device
 from pyggspec.ggml.tensor import Tensor
@@ -26,6 +26,7 @@ class Buffer:
         self.ptr = ptr
         self.device = device
         self.label = label
+        self.huge_bytes = 0  # bytes advised to be backed by huge pages (weights in host memory)
         self._finalizer = weakref.finalize(self, _lib.lib.ggml_backend_buffer_free, ptr)
 
     @classmethod
@@ -47,6 +48,7 @@ class Buffer:
             raise DeviceError(device.name, f"could not allocate {need} bytes for {label or 'buffer'}")
         buf = cls(ptr, device, label)
         buf.set_usage(usage)
+        buf._advise_huge_pages(ctx, usage)
         return buf
 
     @classmethod
@@ -73,6 +75,7 @@ class Buffer:
             return None
         buf = cls(ptr, device, label)
         buf.set_usage(usage)
+        buf._advise_huge_pages(ctx, usage)
         return buf
 
     @classmethod
@@ -89,6 +92,18 @@ class Buffer:
         buf = cls(ptr, device, label)
         buf.set_usage(usage)
         return buf
+
+    def _advise_huge_pages(self, ctx: Context, usage: int) -> None:
+        """Weights in host memory, not written yet: ask for huge pages over them
+        (:mod:`pyggspec.ggml.hugepages`; every step reads them all)."""
+        if usage != USAGE_WEIGHTS or not self.device.is_cpu:
+            return
+        ffi = _lib.ffi
+        spans = [(int(ffi.cast("uintptr_t", t.ptr.data)), t.nbytes) for t in ctx.tensors()
+                 if t.ptr.data != ffi.NULL]
+        if spans:
+            lo = min(a for a, _ in spans)
+            self.huge_bytes = hugepages.advise(lo, max(a + n for a, n in spans) - lo)
 
     def place(self, tensor: Tensor, addr: int) -> None:
         """Allocate the unallocated ``tensor`` at host address ``addr`` inside this buffer
