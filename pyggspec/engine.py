@@ -145,7 +145,8 @@ class Engine:
 
         * drafting to the cap and verifying every draft, ``n`` tokens for one sequence and,
           with ``n_parallel`` > 1, for every slot at once: the confidences the head shows
-          are scored and drafting steps timed at both batch sizes;
+          are scored and drafting steps timed at both batch sizes, each drafting step
+          followed by a plain one it is priced against (``forced_pairs``);
         * :data:`PLAIN_CALIBRATION_STEPS` plain steps at every batch size up to
           ``n_parallel`` -- requests that end that many steps apart, so the batch passes
           through each size after one prompt pass: what drafting is compared with.
@@ -169,7 +170,7 @@ class Engine:
         batch = [prompt[: max(1, len(prompt) - i)] for i in range(self.n_parallel)]
         steps = PLAIN_CALIBRATION_STEPS
         try:
-            policy.forced = self.spec.n_max
+            policy.forced, policy.forced_pairs = self.spec.n_max, True
             self.generate(batch[0], max_tokens=n, ignore_eos=True)
             if self.n_parallel > 1:  # (prompts join one a step: the batch ramps up)
                 self.generate_batch(batch, max_tokens=n, ignore_eos=True)

@@ -310,8 +310,15 @@ def test_forced_lengths_for_the_start_up_calibration():
     assert b.plan([0], [3], ["greedy"]) == 0 and b.declined == b.plain_probes == 0
     b.forced = 3
     assert b.plan([0], [3], ["greedy"]) == 3 and b.plan([0], [2], ["greedy"]) == 2
+    b.forced_pairs = True  # the calibration: a plain step after every drafting one
+    assert b.plan([0], [3], ["greedy"]) == 3
+    b.observe_step(1, 4, 250.0, 3)
+    assert b.plan([0], [3], ["greedy"]) == 0  # priced against a plain step of its moment
+    b.observe_step(1, 1, 100.0, 1)
+    assert b.plan([0], [3], ["greedy"]) == 3
     b.end_calibration()
-    assert b.forced is None and b.plan([0], [3], ["greedy"]) == 0 and b.declined == 1
+    assert b.forced is None and not b.forced_pairs
+    assert b.plan([0], [3], ["greedy"]) == 0 and b.declined == 1
 
 
 def test_no_drafting_where_it_cannot_pay():

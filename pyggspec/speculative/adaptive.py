@@ -215,6 +215,9 @@ class DraftBudget:
         # drafts per sequence every step, all kept (the start-up calibration: the cap to
         # score the head and time drafting steps, 0 to time plain ones); None: the budget's
         self.forced: int | None = None
+        # with ``forced`` drafts: a plain step after each drafting one (the calibration),
+        # so every drafting step is priced against a plain step of its own moment
+        self.forced_pairs = False
         self.chosen: list[int] = [0] * (n_max + 1)  # verify steps by drafts kept (the batch's)
         self.declined = 0  # steps that drafted nothing because drafting could not pay
         self.plain_probes = 0  # steps that drafted nothing to measure plain decoding
@@ -323,6 +326,14 @@ class DraftBudget:
         self._explore = False
         self._floor = self._min_keep = 0
         if self.forced is not None:
+            if self.forced and self.forced_pairs and self.ratios.drafted_since_plain(B):
+                # Drafting steps timed in a row and priced against the plain steps timed
+                # after them all shared one plain step's time: at start-up, where one
+                # plain 4 x 1 step took 91-149 ms in fresh engines, that priced the 4 x 4
+                # step at 2.85-2.88 plain steps on the Q4_K_M ~0.70 bench model where
+                # steps side by side read ~2.4, and the budget drafted two where three paid
+                # (rep 0 of row 66: 15% slower than fixed n_max 3)
+                return 0
             return min(self.forced, limit)
         if self.costs.seen("step", B, 1) < PLAIN_PROBES and self.costs.ms and not self.costs.frozen:
             # what plain decoding costs at this batch size is measured, not estimated: the
@@ -624,6 +635,7 @@ class DraftBudget:
         the rates seen; costs (each shape's start-up runs weighing as one:
         :meth:`CostModel.settle`) and the acceptance model stay."""
         self.forced = None
+        self.forced_pairs = False
         self.costs.settle()
         self.ratios.settle()
         self.chosen = [0] * (self.n_max + 1)

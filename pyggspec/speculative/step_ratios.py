@@ -86,6 +86,10 @@ class StepRatios:
         nearly every draft for a request."""
         return self._priced.get((B, T))
 
+    def drafted_since_plain(self, B: int) -> bool:
+        """Whether a drafting step at ``B`` ran since the last plain one there."""
+        return self._since.get(B, 0) > 0
+
     def wants_plain(self, B: int) -> bool:
         """Whether the next step at ``B`` should decode plainly to keep the ratios paired:
         after :data:`PROBE_EVERY` drafting steps without a plain one, or
