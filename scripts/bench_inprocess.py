@@ -19,7 +19,8 @@ as before row 53), ``forced=N`` (the default made to verify N drafts every step:
 budget's bookkeeping without its choices), ``fixed=N``
 (``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` / ``+cap=N`` after a speculative
 one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE`` / ``--spec-draft-n-max N``
-(the default's cap); ``+huge=0`` after any loads its weights without huge pages
+(the default's cap); ``+cal=N`` its start-up calibration's tokens per sequence;
+``+huge=0`` after any loads its weights without huge pages
 (:mod:`pyggspec.ggml.hugepages`); ``#label`` after any names one engine twice (``fixed=3
 fixed=3#b``: what two identical engines read apart). The first engine is the reference of the
 ratios. ``--turns step``: the engines take turns step by step instead of request by request
@@ -63,11 +64,13 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
             skw["draft_head"] = val
         elif key == "cap":
             skw["n_max"] = int(val)
+        elif key == "cal":  # the start-up calibration's tokens per sequence
+            skw["calibrate_tokens"] = int(val)
         elif key == "huge":  # weights without (0) or with (1) huge pages
             os.environ["PYGGSPEC_HUGE_PAGES"] = val
         else:
             raise SystemExit(f"bench_inprocess: unknown option {x!r} "
-                             "(dv=N, head=TYPE, cap=N, huge=0|1)")
+                             "(dv=N, head=TYPE, cap=N, cal=N, huge=0|1)")
     try:
         return _engine(path, base, skw, kw)
     finally:
