@@ -6,8 +6,10 @@ backs anonymous memory with 2 MiB pages only where it is asked to (``madvise`` i
 ``/sys/kernel/mm/transparent_hugepage/enabled`` setting, and ggml allocates its CPU buffers
 with ``posix_memalign``, which never asks). Asked before the weights are written, the
 kernel faults them in as huge pages. Measured on the 2-core AVX-512 bench host (Q4_K_M
-~0.95 bench model, plain decoding, two engines in one process taking turns step by step,
-4 reps): 2.0% less time per token (per rep 0.978-0.986) -- docs/benchmarks.md row 67.
+~0.95 bench model, plain decoding, engines in one process taking turns step by step, 5
+reps; docs/benchmarks.md, row 67's section): 0.35% less time per token for the repacked
+weights (0.990-0.998); the whole process on huge pages (the system setting ``always``)
+2% (0.978-0.986) -- the rest is in buffers ggml allocates itself, out of reach here.
 
 Only the advice: where the kernel has no huge pages (setting ``never``, another OS, no
 2 MiB page inside the range) nothing changes and nothing fails. ``PYGGSPEC_HUGE_PAGES=0``
