@@ -49,13 +49,15 @@ import benchlib
 
 
 def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
-    """``plain``, ``default`` or ``fixed=N``, optionally with ``+dv=N`` (--spec-draft-vocab),
-    ``+head=TYPE`` (--spec-draft-head), ``+cap=N`` or ``+huge=0`` (weights on the system's
-    pages: ``PYGGSPEC_HUGE_PAGES=0`` while it loads) after it."""
+    """An engine by name (see the module docstring), optionally with ``+dv=N``
+    (--spec-draft-vocab), ``+head=TYPE`` (--spec-draft-head), ``+cap=N`` (the cap),
+    ``+cal=N`` (calibration tokens) or ``+huge=0`` (weights on the system's pages:
+    ``PYGGSPEC_HUGE_PAGES=0`` while it loads) after it."""
     kw = {"n_ctx": ctx * P, "n_parallel": P, "n_threads": threads, "load_tokenizer": False,
           "progress": False}
     base, *extra = spec.split("#", 1)[0].split("+")  # "#label": one engine twice
     skw: dict = {}
+    huge = None
     for x in extra:
         key, _, val = x.partition("=")
         if key == "dv":
@@ -67,14 +69,21 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
         elif key == "cal":  # the start-up calibration's tokens per sequence
             skw["calibrate_tokens"] = int(val)
         elif key == "huge":  # weights without (0) or with (1) huge pages
-            os.environ["PYGGSPEC_HUGE_PAGES"] = val
+            huge = val
         else:
             raise SystemExit(f"bench_inprocess: unknown option {x!r} "
                              "(dv=N, head=TYPE, cap=N, cal=N, huge=0|1)")
+    if huge is None:
+        return _engine(path, base, skw, kw)
+    before = os.environ.get("PYGGSPEC_HUGE_PAGES")  # the caller's setting comes back
+    os.environ["PYGGSPEC_HUGE_PAGES"] = huge
     try:
         return _engine(path, base, skw, kw)
     finally:
-        os.environ.pop("PYGGSPEC_HUGE_PAGES", None)
+        if before is None:
+            del os.environ["PYGGSPEC_HUGE_PAGES"]
+        else:
+            os.environ["PYGGSPEC_HUGE_PAGES"] = before
 
 
 def _engine(path: Path, base: str, skw: dict, kw: dict):
@@ -105,7 +114,8 @@ def _engine(path: Path, base: str, skw: dict, kw: dict):
         return Engine(str(path), spec_type="draft-mtp",
                       spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
     raise SystemExit(f"bench_inprocess: unknown engine {base!r} "
-                     "(plain, default, declining, nodrift, forced=N, fixed=N; +dv=N, +head=TYPE)")
+                     "(plain, default, declining, nodrift, forced=N, fixed=N; options of "
+                     "speculative ones: +dv=N, +head=TYPE, +cap=N, +cal=N; of any: +huge=0)")
 
 
 def time_steps(engine, log: list) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import sys
@@ -30,21 +31,16 @@ log = logging.getLogger("pyggspec.ggml")
 HUGE_PAGE = 2 << 20
 MADV_HUGEPAGE = 14  # linux/mman.h
 
-_madvise = None
-
-
+@functools.cache
 def _libc_madvise():
-    global _madvise
-    if _madvise is None:
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            fn = libc.madvise
-            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            fn.restype = ctypes.c_int
-            _madvise = fn
-        except (OSError, AttributeError):
-            _madvise = False
-    return _madvise
+    """libc's ``madvise`` (None where it cannot be loaded), looked up once."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def advise(addr: int, size: int) -> int:
@@ -58,7 +54,7 @@ def advise(addr: int, size: int) -> int:
     if hi <= lo:
         return 0
     fn = _libc_madvise()
-    if not fn:
+    if fn is None:
         return 0
     if fn(lo, hi - lo, MADV_HUGEPAGE) != 0:
         log.debug("madvise(MADV_HUGEPAGE) failed: errno %d", ctypes.get_errno())
