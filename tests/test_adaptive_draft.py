@@ -766,6 +766,53 @@ def test_declined_steps_run_as_plain_steps_and_keep_the_head_in_step(paths, make
     assert walls and max(walls) < 300  # not in any step's cost
 
 
+@pytest.mark.parametrize("seeded", [False, True])
+def test_steps_whose_drafts_the_gate_drops_run_as_plain_steps(paths, make_engine, seeded):
+    """When the gate drops every draft after the head ran, the step's target part is a
+    plain step (no verify batch, no spare state planes): the head's run is the only price
+    of the dropped drafts. The head stays in step (when the gate keeps drafts again they
+    are accepted as often as ever) and the output is plain decoding's, seeded too."""
+    from pyggspec.config import SpecConfig
+    from pyggspec.sampling import SamplingParams
+
+    sp = SamplingParams(temp=0.8, seed=11) if seeded else SamplingParams(temp=0.0)
+    path = paths[("dense", 0.95)]
+    with make_engine(path, n_ctx=256, n_parallel=2) as e:
+        ref = [r.tokens for r in e.generate_batch(PROMPTS[:2], max_tokens=60,
+                                                  ignore_eos=True, sampling=sp)]
+    pays = costs(step=100, per_row=5, mtp=5)
+    pays.frozen = True
+    with make_engine(path, n_ctx=256, n_parallel=2, spec_type="draft-mtp",
+                     spec=SpecConfig(n_max=3, adaptive=True)) as e:
+        w, policy = e.worker, e.draft_policy
+        policy.costs, policy.explore_every = pays, 0
+        decide, dropping, steps = policy.decide, [True], [0]
+        policy.decide = lambda j, slots, confs: ([(0, False)] * len(slots) if dropping[0]
+                                                 else decide(j, slots, confs))
+        verify, lean, heads = [0], [0], []
+        vb, plain, run = w._verify_batch, w._plain, w.run
+
+        def counted_run(batch):
+            steps[0] += bool(batch.decode)
+            if steps[0] == 25:
+                dropping[0] = False
+            return run(batch)
+
+        w.run = counted_run
+        w._verify_batch = lambda *a, **k: verify.__setitem__(0, verify[0] + 1) or vb(*a, **k)
+        w._plain = lambda items, out, carry=False: (
+            lean.__setitem__(0, lean[0] + carry) or plain(items, out, carry))
+        observe_step = policy.observe_step
+        policy.observe_step = lambda B, T, ms, tok, runs=0, head=None: (
+            heads.append((T, runs, head)) or observe_step(B, T, ms, tok, runs, head))
+        g = e.generate_batch(PROMPTS[:2], max_tokens=60, ignore_eos=True, sampling=sp)
+    assert [r.tokens for r in g] == ref
+    dropped = [h for h in heads[:20] if h[0] == 1]
+    assert len(dropped) >= 15 and all(runs >= 1 and head is not None for _, runs, head in dropped)
+    assert lean[0] >= len(dropped) and lean[0] + verify[0] == steps[0]
+    assert verify[0] > 5 and g.stats.acceptance > 0.8  # the head kept in step
+
+
 def test_start_up_calibration_times_plain_and_drafting_steps_at_both_batch_sizes(
         paths, make_engine):
     """A fresh default engine has timed plain steps at every batch size and drafting steps
