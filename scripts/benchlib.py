@@ -291,7 +291,8 @@ def step_turns(engines: dict, prompts: list, max_tokens: int,
     is done. Without, plain decoding (twice the steps of a drafting engine) ran its last
     ~40% of steps alone, and there its steps were 0.952 / 0.967 / 0.999 of its median
     step while the others still took turns (Q4_K_M ~0.70 ``-np 4``, three reps, 2026-11-29
-    04:25): the other engines' steps in between cool its caches, so "/ plain" read low."""
+    04:25): alone it ran faster than beside the others (caches and memory traffic, we
+    suppose; not measured apart), so "/ plain" read low for every speculative engine."""
     from pyggspec.serving.request import Request
     from pyggspec.speculative.stats import SpecStats
 
