@@ -293,12 +293,9 @@ def step_turns(engines: dict, prompts: list, max_tokens: int,
     step while the others still took turns (Q4_K_M ~0.70 ``-np 4``, three reps, 2026-11-29
     04:25): alone it ran faster than beside the others (caches and memory traffic, we
     suppose; not measured apart), so "/ plain" read low for every speculative engine."""
-    from pyggspec.serving.request import Request
     from pyggspec.speculative.stats import SpecStats
 
-    handles = {name: [e.submit(Request(list(p), max_tokens=max_tokens, ignore_eos=True,
-                                       slot=i)) for i, p in enumerate(prompts)]
-               for name, e in engines.items()}
+    handles = {name: _submit(e, prompts, max_tokens) for name, e in engines.items()}
     decode_ms, all_ms = dict.fromkeys(engines, 0.0), dict.fromkeys(engines, 0.0)
     flags: dict[str, list[bool]] = {}
     before = {}
@@ -357,14 +354,20 @@ def step_turns(engines: dict, prompts: list, max_tokens: int,
     return out
 
 
+def _submit(engine, prompts: list, max_tokens: int) -> list:
+    """:func:`step_turns`' greedy requests on ``engine`` (prompt i in slot i, ``ignore_eos``):
+    their handles."""
+    from pyggspec.serving.request import Request
+
+    return [engine.submit(Request(list(p), max_tokens=max_tokens, ignore_eos=True, slot=i))
+            for i, p in enumerate(prompts)]
+
+
 def _untimed_turn(engine, handles: list, prompts: list, max_tokens: int) -> None:
     """One untimed step of ``engine`` on the requests of :func:`step_turns` again (sent
     anew whenever the previous ones are done)."""
-    from pyggspec.serving.request import Request
-
     if not handles or all(h.done for h in handles):
-        handles[:] = [engine.submit(Request(list(p), max_tokens=max_tokens, ignore_eos=True,
-                                            slot=i)) for i, p in enumerate(prompts)]
+        handles[:] = _submit(engine, prompts, max_tokens)
     engine.step()
 
 
