@@ -122,7 +122,8 @@ def time_steps(engine, log: list) -> None:
     """Append (sequences, verify rows, wall ms, tokens, target compute ms, head compute ms,
     head runs) for every decode step ``engine`` runs ("prompt" for a step with prompt
     chunks) to ``log``: its worker's ``run`` wrapped, the graphs' ``compute_ms_total`` read
-    around it."""
+    around it. With ``--turns step`` that includes the untimed turns an engine takes after
+    its requests are done (:func:`benchlib.step_turns`)."""
     worker = engine.worker
     run = worker.run
     tgt, mtp = worker.target, worker.mtp

@@ -292,7 +292,10 @@ def step_turns(engines: dict, prompts: list, max_tokens: int,
     ~40% of steps alone, and there its steps were 0.952 / 0.967 / 0.999 of its median
     step while the others still took turns (Q4_K_M ~0.70 ``-np 4``, three reps, 2026-11-29
     04:25): alone it ran faster than beside the others (caches and memory traffic, we
-    suppose; not measured apart), so "/ plain" read low for every speculative engine."""
+    suppose; not measured apart), so "/ plain" read low for every speculative engine.
+    What the engines count themselves (a draft budget's lengths and prices, a wrapper
+    around ``worker.run`` such as ``bench_inprocess.py --steps``) sees the untimed steps
+    too; the times and tokens returned here do not."""
     from pyggspec.speculative.stats import SpecStats
 
     handles = {name: _submit(e, prompts, max_tokens) for name, e in engines.items()}
