@@ -270,8 +270,7 @@ def concurrently(fn, n: int) -> float:
     return wall
 
 
-def step_turns(engines: dict, prompts: list, max_tokens: int,
-               keep_turns: bool = True) -> dict[str, dict]:
+def step_turns(engines: dict, prompts: list, max_tokens: int) -> dict[str, dict]:
     """Every engine gets the same greedy requests (prompt i in slot i, ``ignore_eos``) and
     they step in turns, one scheduler step each, until all are done.
 
@@ -286,10 +285,10 @@ def step_turns(engines: dict, prompts: list, max_tokens: int,
     ``all_ms``; ``python_ms`` (host ms per step, as ``Engine.generate_batch`` reports it);
     ``spec`` (the requests' merged speculation counts, None without speculation).
 
-    ``keep_turns``: an engine whose requests are done keeps taking its turns, on the same
-    requests again (untimed, cancelled when the last engine is done), until every engine
-    is done. Without, plain decoding (twice the steps of a drafting engine) ran its last
-    ~40% of steps alone, and there its steps were 0.952 / 0.967 / 0.999 of its median
+    An engine whose requests are done keeps taking its turns, on the same requests again
+    (untimed, cancelled when the last engine is done), until every engine is done. Without
+    those turns, plain decoding (twice the steps of a drafting engine) ran its last ~40% of
+    steps alone, and there its steps were 0.952 / 0.967 / 0.999 of its median
     step while the others still took turns (Q4_K_M ~0.70 ``-np 4``, three reps, 2026-11-29
     04:25): alone it ran faster than beside the others (caches and memory traffic, we
     suppose; not measured apart), so "/ plain" read low for every speculative engine.
@@ -317,9 +316,8 @@ def step_turns(engines: dict, prompts: list, max_tokens: int,
         while live:
             for name in list(engines):
                 if name not in live:
-                    if keep_turns:
-                        _untimed_turn(engines[name], fillers.setdefault(name, []), prompts,
-                                      max_tokens)
+                    _untimed_turn(engines[name], fillers.setdefault(name, []), prompts,
+                                  max_tokens)
                     continue
                 k = len(flags[name])
                 t0 = time.perf_counter()
