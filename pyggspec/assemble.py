@@ -149,6 +149,7 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         p.closers.append(p.rs)
         p.target = Target(hp, p.weights, p.kv, p.rs, p.sched)
         p.target.step_rows = p.step_rows
+        p.target.copy_threads = cfg.threads
         p.closers.append(p.target)
         if cfg.speculative:
             _init_mtp(p, kv_cells)
@@ -226,7 +227,9 @@ def _choose_rollback(cfg: EngineConfig, hp, recr_devices: dict) -> str:
     if want in ("snapshot", "checkpoint"):
         return want
     per_plane = (hp.n_embd_r + hp.n_embd_s) * 4 * cfg.n_parallel
-    planes = graph_options(cfg, hp, "snapshot").planes
+    opts = graph_options(cfg, hp, "snapshot")
+    # the plane, and the verify graph's state after each of its rows (compute buffer)
+    planes = opts.planes + opts.step_rows
     need: dict[str, int] = {}
     for dev in recr_devices.values():
         need[dev.name] = need.get(dev.name, 0) + per_plane * planes

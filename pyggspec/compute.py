@@ -20,7 +20,7 @@ those batches are built with):
 * target plain step: ``n_parallel`` x 1 (a prefill shape covers it unless ``n_ubatch`` is
   smaller than ``n_parallel``);
 * target verify (draft-mtp): B x ``padded_rows(n_max + 1, B)`` rows, logits and hidden rows
-  for all, snapshots written per row (``--spec-rollback snapshot``);
+  for all, the recurrent state after every row kept (``--spec-rollback snapshot``);
 * MTP: the prompt warm-up / catch-up batch of ``n_parallel`` x ``n_ubatch`` rows, which
   bounds the one-row draft steps;
 * with backend sampling (:class:`SamplingSizing`): the plain steps and verify batches again
@@ -97,10 +97,11 @@ class GraphOptions:
 
     @property
     def planes(self) -> int:
-        """Recurrent state planes per sequence (current + snapshots or one checkpoint)."""
-        if not self.spec:
-            return 1
-        return self.spec_n_max + 3 if self.rollback == "snapshot" else 2
+        """Recurrent state planes per sequence: one, and a spare for checkpoint rollback
+        (a verify writes its final state there, the old one stays until accepted). With
+        snapshot rollback the state after each verify row stays in the verify graph's
+        compute buffer and the accepted one is copied into the single plane."""
+        return 2 if self.spec and self.rollback != "snapshot" else 1
 
     def target_shapes(self) -> list[UBatchShape]:
         n, cells, spec = self.n_parallel, self.kv_cells, self.spec

@@ -486,7 +486,8 @@ class Engine:
         for dev, n in self.rs.bytes_by_device().items():
             one = n // self.rs.n_planes
             m.add("recurrent", dev, one)
-            m.add(extra, dev, n - one)
+            if n > one:
+                m.add(extra, dev, n - one)
         for dev, n in self.sched.buffer_sizes().items():
             m.add("compute", dev, n)
         for dev, n in self.sched.spawned_buffer_sizes().items():

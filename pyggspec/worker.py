@@ -15,6 +15,7 @@ functions with plain inputs and outputs::
         self._accepted(...)                        # chains, drafter, budget learn
         self._commit(slot, [pending, *drafts[b][:n]], planes)  # SlotMemory (or replay)
         self.drafter.after_verify(slot, committed, hidden)     # the MTP carry-over
+    self.target.keep_states(kept)                 # snapshots: the accepted rows' states
 
 The worker also offers the low-level evaluation behind ``Engine.decode/eval/decode_token``.
 """
@@ -83,6 +84,8 @@ class Worker:
         self.snapshot = parts.rollback == "snapshot"
         self._plain_ubs: dict[int, UBatch] = {}
         self._step_ubs: dict[int, UBatch] = {}
+        # (b, j, row) per verified sequence: the kept state to copy (snapshot rollback)
+        self._kept: list[tuple[int, int, int]] = []
 
     # --- one scheduled step ------------------------------------------------------------
     def run(self, batch: Batch) -> StepOutput:
@@ -216,26 +219,31 @@ class Worker:
         ub, planes, prefixes = self._verify_batch(items, dtoks, host=bool(qs) or want)
         choose_row, hidden, logits = self._verify(ub, prefixes, dtoks)
         replay: dict[int, list[int]] = {}
-        for b, it in enumerate(items):
-            d = dtoks[b]
-            if it.slot in qs:  # p/q rejection (probabilistic drafts)
-                choices, n, stopped = self._reject(it.slot, d, qs[it.slot], logits[b],
-                                                   lambda i, b=b: choose_row(b, i), it.is_stop)
-            else:
-                choices, n, stopped = accept(d, lambda i, b=b: choose_row(b, i), it.is_stop)
-            emitted = choices[:-1] if stopped else choices
-            so = out.seqs[it.slot] = SeqOutput(choices, len(d), min(n, len(d)), it.spec,
-                                               target_evals=1,
-                                               mtp_evals=n_mtp if it.spec else 0)
-            if it.logprobs is not None:  # row i is the target's own distribution of token i
-                so.logprobs = [self._logprob(it.slot, it.logprobs, logits[b, i], t, d[:i])
-                               for i, t in enumerate(choices)]
-            so.grammar_end = self._accepted(it, drafts.get(it.slot), d, n, emitted)
-            committed = [it.pending, *d[:n]]
-            if not self._commit(it.slot, committed, planes[b], ub.tokens.shape[1]):
-                replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
-                so.target_evals += 1
-            self.drafter.after_verify(it.slot, committed, hidden[b, : n + 1])
+        self._kept.clear()
+        try:
+            for b, it in enumerate(items):
+                d = dtoks[b]
+                if it.slot in qs:  # p/q rejection (probabilistic drafts)
+                    choices, n, stopped = self._reject(it.slot, d, qs[it.slot], logits[b],
+                                                       lambda i, b=b: choose_row(b, i), it.is_stop)
+                else:
+                    choices, n, stopped = accept(d, lambda i, b=b: choose_row(b, i), it.is_stop)
+                emitted = choices[:-1] if stopped else choices
+                so = out.seqs[it.slot] = SeqOutput(choices, len(d), min(n, len(d)), it.spec,
+                                                   target_evals=1,
+                                                   mtp_evals=n_mtp if it.spec else 0)
+                if it.logprobs is not None:  # row i is the target's own distribution of token i
+                    so.logprobs = [self._logprob(it.slot, it.logprobs, logits[b, i], t, d[:i])
+                                   for i, t in enumerate(choices)]
+                so.grammar_end = self._accepted(it, drafts.get(it.slot), d, n, emitted)
+                committed = [it.pending, *d[:n]]
+                if not self._commit(it.slot, committed, planes[b], ub.tokens.shape[1], b):
+                    replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
+                    so.target_evals += 1
+                self.drafter.after_verify(it.slot, committed, hidden[b, : n + 1])
+        finally:  # committed states copied before any other target graph runs
+            if self._kept:
+                self.target.keep_states(self._kept)
         out.target_evals += 1
         out.mtp_evals += n_mtp
         if replay:
@@ -381,12 +389,15 @@ class Worker:
             self.policy.record(it.slot, draft.probs, min(n, len(d)))
         return end
 
-    def _commit(self, slot: int, committed: list[int], planes: list[int], T: int) -> bool:
+    def _commit(self, slot: int, committed: list[int], planes: list[int], T: int,
+                b: int) -> bool:
         """Commit the pending token and the accepted drafts; False when the recurrent
         state must be re-evaluated (checkpoint rollback with a rejection or padding)."""
         n = len(committed) - 1
-        if self.snapshot:  # the plane holding the state after the last accepted row
-            self.memory.commit(slot, committed, planes[T - 1 - n])
+        if self.snapshot:  # the state after the last accepted row, copied in place
+            if T > 1:
+                self._kept.append((b, T - 1 - n, self.memory.state_row(slot)))
+            self.memory.commit(slot, committed)
         elif n == T - 1:  # all accepted, no padding: the spare plane's state is complete
             self.memory.commit(slot, committed, planes[0])
         else:  # the state is still "before pending"
@@ -426,8 +437,10 @@ class Worker:
     def _verify_batch(self, items: list[DecodeItem], dtoks: list[list[int]],
                       host: bool = False) -> tuple[UBatch, list[list[int]], list | None]:
         """[pending, d1..dk] for every sequence, padded to a common length (padding
-        repeats the last token; its rows are ignored), with the recurrent-state planes each
-        row's state goes to: one per row (snapshot rollback) or the final one (checkpoint).
+        repeats the last token; its rows are ignored), with the recurrent-state planes the
+        final state goes to: none with snapshot rollback (the state after every row stays
+        in the graph and the accepted one is copied into the current plane), the spare one
+        with checkpoints.
         Returns (ubatch, planes per sequence, per-row draft prefixes for device sampling)."""
         mem, samplers = self.memory, self.samplers
         B = len(items)
@@ -439,10 +452,9 @@ class Worker:
             tokens[b, 1:1 + len(d)] = d
             tokens[b, 1 + len(d):] = d[-1] if d else it.pending
         src = np.array([mem.state_row(it.slot) for it in items], np.int32)
-        if self.snapshot:  # plane for the state after token T-1-j
-            planes = [mem.spare_planes(it.slot)[:T] for it in items]
-            dst = np.array([[mem.state_row(it.slot, planes[b][j]) for b, it in enumerate(items)]
-                            for j in range(T)], np.int32)
+        if self.snapshot:  # the states after every row stay in the graph (_keep_states)
+            planes = [[] for _ in items]
+            dst = src[None, :]
         else:
             planes = [mem.spare_planes(it.slot)[:1] for it in items]
             dst = np.array([[mem.state_row(it.slot, planes[b][0])
@@ -454,7 +466,8 @@ class Worker:
                                for i in range(T)]) if plan else None)
         pos0 = np.array([mem.length(it.slot) for it in items], np.int64)
         ub = UBatch(tokens, pos0, slots, np.arange(B * T, dtype=np.int32), hidden=True,
-                    state_src=src, state_dst=dst, sampling=plan, rows=rows)
+                    state_src=src, state_dst=dst, sampling=plan, rows=rows,
+                    snapshots=self.snapshot)
         return ub, planes, prefixes
 
     # --- slots -------------------------------------------------------------------------

@@ -208,3 +208,35 @@ class HostBinding:
             return self.pull()
         return np.frombuffer(_lib.ffi.buffer(t.data, self._n),
                              dtype=self.array.dtype).reshape(self.array.shape)
+
+
+def tensor_address(t: Tensor) -> int:
+    """The address of ``t``'s ggml struct: what :func:`copy_ranges` takes (as int64 array
+    entries, so a step's copies are gathered with numpy and made in one C call)."""
+    return int(_lib.ffi.cast("intptr_t", t.ptr))
+
+
+def copy_ranges(src: np.ndarray, src_off: np.ndarray, dst: np.ndarray, dst_off: np.ndarray,
+                size: np.ndarray, n_threads: int = 1) -> None:
+    """Copy byte ranges between tensors' data in one C call: range ``i`` is ``size[i]``
+    bytes of the tensor at address ``src[i]`` (:func:`tensor_address`) from byte
+    ``src_off[i]`` to the tensor at ``dst[i]`` at ``dst_off[i]``; int64 arrays, any
+    backends. The tensors must be allocated and stay so; every range is bounds-checked
+    before anything is copied. Between host buffers, ``n_threads`` threads share the
+    bytes."""
+    arrs = [np.ascontiguousarray(a, dtype=np.int64) for a in (src, src_off, dst, dst_off, size)]
+    n = len(arrs[0])
+    if any(len(a) != n for a in arrs):
+        raise ValueError("copy_ranges: arrays of different lengths")
+    if n == 0:
+        return
+    ffi = _lib.ffi
+    rc = _lib.lib.pyggspec_copy_ranges(
+        n, ffi.cast("intptr_t *", ffi.from_buffer(arrs[0])),
+        ffi.cast("int64_t *", ffi.from_buffer(arrs[1])),
+        ffi.cast("intptr_t *", ffi.from_buffer(arrs[2])),
+        ffi.cast("int64_t *", ffi.from_buffer(arrs[3])),
+        ffi.cast("int64_t *", ffi.from_buffer(arrs[4])), n_threads)
+    if rc != 0:
+        raise ValueError(f"copy_ranges: range {-1 - rc} is outside its tensors or one is "
+                         "not allocated")

@@ -95,9 +95,9 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
     tk, tv = ggml_type(type_k), ggml_type(type_v)
     kv_row = tk.row_bytes(hp.n_embd_k_gqa) + tv.row_bytes(hp.n_embd_v_gqa)
     state = (hp.n_embd_r + hp.n_embd_s) * 4 * n_parallel
-    planes = 1
-    if spec:
-        planes = spec_n_max + 3 if rollback == "snapshot" else 2
+    # a spare plane for checkpoint rollback; snapshots stay in the verify graph's compute
+    # buffer (one state per verify row, sized with the graph) and need none
+    planes = 2 if spec and rollback != "snapshot" else 1
     for il in range(hp.n_layer):
         dev = layer_devices[il]
         if hp.is_recurrent(il):
@@ -127,7 +127,10 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
     ub = min(n_ubatch, n_ctx)
     mask = 2 * min(n_ctx, 2 * max(ub, 256))
     act = 4 * max(2.5 * hp.conv_dim, 3 * _ffn_width(hp))
-    plan.add("compute", output_device, int(ub * (mask + act)) + rows * vocab_row)
+    kept = 0
+    if spec and rollback == "snapshot":  # the states after each verify row, per GDN layer
+        kept = rows * (hp.n_embd_r + hp.n_embd_s) * 4 * hp.n_recurrent_layers
+    plan.add("compute", output_device, int(ub * (mask + act)) + rows * vocab_row + kept)
     if spec:
         mh = mtp_hp or hp
         plan.add("compute", mtp_device or output_device,

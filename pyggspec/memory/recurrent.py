@@ -6,12 +6,13 @@ Each GDN layer has ``conv [n_embd_r, n_slots * n_planes]`` and
 ubatch with ``get_rows`` and writes new states with ``set_rows`` into rows the engine
 chooses, so graphs do not depend on which slots or planes a batch uses.
 
-Planes are what makes speculative rollback cheap: a verify step writes the state after
-each of its tokens into the slot's other planes (``gated_delta_net`` keeps those
-snapshots), and rolling back to "after n accepted tokens" is choosing which plane is
-current -- no copy and no re-evaluation. With two planes the same mechanism gives a
-free checkpoint: the verify step writes its final state to the spare plane and the old
-state stays intact until the step is accepted.
+Speculative rollback needs no planes with snapshots: the verify graph keeps the state
+after each of its tokens (``gated_delta_net``'s snapshots, in the compute buffer) and the
+one after the accepted tokens is copied into the slot's row
+(:meth:`~pyggspec.models.qwen35.Target.keep_states`) -- one copy per layer, where writing
+every snapshot into planes of its own moved T times the bytes. Checkpoint rollback uses
+two planes: the verify step writes its final state to the spare plane and the old state
+stays intact until the step is accepted (else the accepted tokens are evaluated again).
 """
 
 from __future__ import annotations

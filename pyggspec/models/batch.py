@@ -62,7 +62,10 @@ class UBatch:
     outputs: np.ndarray  # int32 [n_out]: flat indices (b*T + t) that need logits
     hidden: bool = False
     state_src: np.ndarray | None = None  # int32 [B]: recurrent rows to read
-    state_dst: np.ndarray | None = None  # int32 [n_write, B]: rows for the new states
+    state_dst: np.ndarray | None = None  # int32 [1, B]: rows for the new states
+    # the state after every token stays in the graph, none is written (speculative
+    # rollback: Target.keep_states copies the accepted one); with one token, written
+    snapshots: bool = False
     sampling: int = 0  # sampling plan id (Target.register_plan); 0: logits come back
     rows: list | None = None  # RowInput per output row, for the device sampling prefix
 

@@ -305,15 +305,34 @@ def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
 class RecurrentInputs:
     """Which state rows a ubatch reads and where its new states go.
 
-    ``src_rows`` [B]: each sequence's current row. ``dst_rows`` [n_write * B], j-major:
-    row ``dst_rows[j * B + b]`` receives sequence b's state after token ``T - 1 - j`` of
-    this ubatch. ``n_write`` is 1 (final state only) or T (a snapshot after every token,
-    for speculative rollback).
+    ``src_rows`` [B]: each sequence's current row. ``n_write`` 1: ``dst_rows`` [B] receive
+    the final states. ``n_write`` T (speculative rollback): nothing is written; the state
+    after every token -- the op's snapshots and a conv window per token -- stays in the
+    graph as outputs, listed in ``kept`` (one :class:`KeptStates` per layer), and the
+    caller copies the one each sequence needs into its row once acceptance is known
+    (:meth:`pyggspec.models.qwen35.Target.keep_states`). Written into snapshot rows by the
+    graph, every snapshot crossed memory three times (op output, read, row) where one in
+    T is kept: at ``-np 4`` with three drafts that was 15% of a verify step.
     """
 
     src_rows: Tensor
-    dst_rows: Tensor
+    dst_rows: Tensor | None
     n_write: int
+    kept: list[KeptStates] | None = None
+
+
+@dataclass
+class KeptStates:
+    """One GDN layer's states after each token of a verify ubatch, left in the graph.
+
+    ``ssm``: the op's output; sequence ``b``'s state after token ``T - 1 - j`` is ``D``
+    floats at byte ``ssm_offset + (j * B + b) * D * 4``. ``conv[j]`` [n_embd_r, B]: the
+    conv windows after token ``T - 1 - j``, sequence ``b`` in column ``b``."""
+
+    il: int
+    ssm: Tensor
+    ssm_offset: int
+    conv: list[Tensor]
 
 
 def gated_delta_net(b: Builder, x: Tensor, il: int, inp: RecurrentInputs, conv_states: Tensor,
@@ -339,12 +358,17 @@ def gated_delta_net(b: Builder, x: Tensor, il: int, inp: RecurrentInputs, conv_s
     conv_prev = ctx.reshape(ctx.get_rows(conv_states, inp.src_rows), (d_conv - 1, conv_ch, B))
     b.cb(conv_prev, "conv_states_reshaped", il)
     conv_in = b.cb(ctx.concat(conv_prev, ctx.transpose(qkv), 0), "conv_input", il)
+    keep = inp.n_write > 1
+    wins = []
     for j in range(inp.n_write):  # window after token T-1-j: columns T-j .. T-j+d_conv-2
         win = ctx.view(conv_in, (d_conv - 1, conv_ch, B), (conv_in.nb[1], conv_in.nb[2]),
                        (T - j) * conv_in.nb[0])
         win = ctx.cont(win, ((d_conv - 1) * conv_ch, B))
-        ids = inp.dst_rows if inp.n_write == 1 else ctx.view(inp.dst_rows, (B,), (), j * B * 4)
-        b.graph.expand(ctx.set_rows(conv_states, win, ids))
+        if keep:
+            wins.append(b.cb(win.set_output(), f"conv_kept_{j}", il))
+            b.graph.expand(win)
+        else:
+            b.graph.expand(ctx.set_rows(conv_states, win, inp.dst_rows))
 
     state = ctx.reshape(ctx.get_rows(ssm_states, inp.src_rows), (head_v, head_v, Hv, B))
     b.cb(state, "state_predelta", il)
@@ -363,8 +387,13 @@ def gated_delta_net(b: Builder, x: Tensor, il: int, inp: RecurrentInputs, conv_s
     o = b.cb(ctx.view(out, (head_v, Hv, T, B), (head_v * f, head_v * Hv * f, head_v * Hv * T * f),
                       0), "attn_output", il)
     D = head_v * head_v * Hv  # snapshots follow the outputs, most recent first, B per slot
-    new_states = ctx.view(out, (D, B * inp.n_write), (D * f,), n_out * f)
-    b.graph.expand(ctx.set_rows(ssm_states, new_states, inp.dst_rows))
+    if keep:  # every snapshot stays in the graph; the caller copies out the one it needs
+        b.graph.expand(out.set_output())
+        assert inp.kept is not None
+        inp.kept.append(KeptStates(il, out, n_out * f, wins))
+    else:
+        new_states = ctx.view(out, (D, B), (D * f,), n_out * f)
+        b.graph.expand(ctx.set_rows(ssm_states, new_states, inp.dst_rows))
 
     z4 = ctx.reshape(z, (head_v, Hv, T, B))
     o = ctx.mul(rms_norm(b, o, b.w("ssm_norm.weight", il)), ctx.silu(z4))

@@ -7,14 +7,14 @@ and reads the logits (and, for MTP, the post-norm hidden rows ``h_nextn``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.sched import BackendScheduler, Graph
-from pyggspec.ggml.tensor import HostBinding, Tensor
+from pyggspec.ggml.tensor import HostBinding, Tensor, copy_ranges, tensor_address
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import HParams
 from pyggspec.models import layers
@@ -35,7 +35,9 @@ class UBatchShape:
     n_kv: int  # attended cache window (which slots a batch uses is data, not shape)
     n_outputs: int  # rows of logits wanted (== n_tokens means all)
     hidden: bool  # also read back h_nextn for every token
-    n_write: int = 1  # recurrent states written per sequence: 1 (final) or T (snapshots)
+    # recurrent states per sequence: 1 (the final one, written) or T (one after every
+    # token, kept in the graph for Target.keep_states: speculative rollback)
+    n_write: int = 1
     sampling: int = 0  # id of the sampling plan whose device prefix runs in the graph (0: none)
 
 
@@ -60,9 +62,12 @@ class TargetGraph:
             self.tokens = ctx.input("i32", (n_tok,), "inp_tokens")
             self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_slots)
             self.src_rows = ctx.input("i32", (B,), "rs_src")
-            self.dst_rows = ctx.input("i32", (B * shape.n_write,), "rs_dst")
+            keep = shape.n_write > 1
+            self.dst_rows = None if keep else ctx.input("i32", (B,), "rs_dst")
             attn_in = self.causal.attn
-            rec_in = RecurrentInputs(self.src_rows, self.dst_rows, shape.n_write)
+            self.kept: list[layers.KeptStates] = []
+            rec_in = RecurrentInputs(self.src_rows, self.dst_rows, shape.n_write,
+                                     self.kept if keep else None)
 
             x = b.cb(ctx.get_rows(weights.get("token_embd.weight"), self.tokens),
                      "model.input_embed")
@@ -110,7 +115,8 @@ class TargetGraph:
         self._bound = False
         self._tokens = np.zeros(n_tok, dtype=np.int32)
         self._src = np.zeros(B, dtype=np.int32)
-        self._dst = np.zeros((shape.n_write, B), dtype=np.int32)
+        self._dst = np.zeros(B, dtype=np.int32)
+        self._kept_table: tuple | None = None  # Target.keep_states' addresses, made once
         self._out_ids = np.zeros(shape.n_outputs, dtype=np.int32)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
                         if self.sampling is None else None)  # sampling: made on a failure
@@ -119,7 +125,9 @@ class TargetGraph:
     def _bind(self) -> None:
         """Pair tensors with host arrays; needs the graph allocated (done on first use)."""
         ins = [HostBinding(self.tokens, self._tokens), *self.causal.bindings(),
-               HostBinding(self.src_rows, self._src), HostBinding(self.dst_rows, self._dst)]
+               HostBinding(self.src_rows, self._src)]
+        if self.dst_rows is not None:
+            ins.append(HostBinding(self.dst_rows, self._dst))
         if self.out_ids is not None:
             ins.append(HostBinding(self.out_ids, self._out_ids))
         self._inputs = ins
@@ -134,7 +142,8 @@ class TargetGraph:
         self._tokens[:] = ub.tokens.reshape(-1)
         self.causal.fill(ub.pos0, ub.slots)
         self._src[:] = ub.state_src
-        self._dst[:] = ub.state_dst
+        if self.dst_rows is not None:
+            self._dst[:] = ub.state_dst[0]
         if self.out_ids is not None:
             self._out_ids[:] = ub.outputs
         for b in self._inputs:
@@ -160,6 +169,40 @@ class TargetGraph:
                 self._logits_out = HostBinding(self.logits, self._logits)
             return self._logits_out.pull(), hidden, None, e
 
+    def kept_ranges(self, rs: RecurrentState, picks: Sequence[tuple[int, int, int]]):
+        """The byte ranges :meth:`Target.keep_states` copies (``copy_ranges``' arrays):
+        addresses and offsets per layer come from a table made on the first call, so a
+        step's ranges are a few numpy operations whatever the layers and sequences."""
+        if self._kept_table is None:
+            k0 = self.kept[0]
+            ssm_row, conv_row = rs.ssm(k0.il).nb[1], rs.conv(k0.il).nb[1]
+            n_snap = self.shape.n_write * self.shape.n_seqs
+            if (k0.conv[0].nb[1] != conv_row
+                    or k0.ssm.nbytes != k0.ssm_offset + n_snap * ssm_row):
+                raise RuntimeError("kept states do not match the state rows")
+            self._kept_table = (
+                np.array([tensor_address(k.ssm) for k in self.kept], np.int64),
+                np.array([k.ssm_offset for k in self.kept], np.int64),
+                np.array([[tensor_address(c) for c in k.conv] for k in self.kept], np.int64),
+                np.array([tensor_address(rs.ssm(k.il)) for k in self.kept], np.int64),
+                np.array([tensor_address(rs.conv(k.il)) for k in self.kept], np.int64),
+                ssm_row, conv_row)
+        ssm_src, ssm_off, conv_src, ssm_dst, conv_dst, ssm_row, conv_row = self._kept_table
+        B = self.shape.n_seqs
+        b, j, row = (np.array(c, np.int64) for c in zip(*picks))
+        L, P = len(ssm_src), len(b)
+        shp = (L, P)
+        src = np.concatenate([np.broadcast_to(ssm_src[:, None], shp).ravel(),
+                              conv_src[:, j].ravel()])
+        src_off = np.concatenate([(ssm_off[:, None] + (j * B + b) * ssm_row).ravel(),
+                                  np.broadcast_to(b * conv_row, shp).ravel()])
+        dst = np.concatenate([np.broadcast_to(ssm_dst[:, None], shp).ravel(),
+                              np.broadcast_to(conv_dst[:, None], shp).ravel()])
+        dst_off = np.concatenate([np.broadcast_to(row * ssm_row, shp).ravel(),
+                                  np.broadcast_to(row * conv_row, shp).ravel()])
+        size = np.repeat(np.array([ssm_row, conv_row], np.int64), L * P)
+        return src, src_off, dst, dst_off, size
+
     def close(self) -> None:
         if self.sampling is not None:
             self.sampling.close()
@@ -177,6 +220,8 @@ class Target(GraphRunner):
         self.kv = kv
         self.rs = rs
         self._plan_users: dict[int, tuple[object, Callable[[Exception], None]]] = {}
+        self._kept_graph: TargetGraph | None = None  # the last graph run, if it kept states
+        self.copy_threads = 1  # threads of keep_states' copies (the engine's -t)
 
     def register_plan(self, plan, stats, on_fail: Callable[[Exception], None]) -> int:
         """Make a sampling plan usable in graphs; returns its id for UBatch.sampling.
@@ -193,7 +238,7 @@ class Target(GraphRunner):
     def shape_of(self, ub: UBatch) -> UBatchShape:
         B, T = ub.tokens.shape
         end = int((ub.pos0 + T).max())
-        n_write = 1 if ub.state_dst is None else ub.state_dst.shape[0]
+        n_write = T if ub.snapshots and T > 1 else 1
         return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), len(ub.outputs), ub.hidden,
                            n_write, ub.sampling)
 
@@ -209,6 +254,7 @@ class Target(GraphRunner):
         ``logits`` come back, and the plan's ``on_fail`` is told. A failed compute is not
         redone (the recurrent state may have been advanced already): it raises.
         """
+        self._kept_graph = None  # a new graph may reuse the compute buffer
         if ub.state_src is None:
             rows = np.array([self.rs.row(s) for s in ub.slots], dtype=np.int32)
             ub.state_src = rows
@@ -242,8 +288,22 @@ class Target(GraphRunner):
             shape,
             lambda s: TargetGraph(self.hp, self.weights, self.kv, self.rs, s,
                                   self.plans.get(s.sampling)),
-            feed, lambda g: g.read_outputs(ub))
+            feed, lambda g: self._read(g, ub))
         if copy:
             logits = logits.copy() if logits is not None else None
             hidden = hidden.copy() if hidden is not None else None
         return StepResult(logits, hidden, ids), err
+
+    def _read(self, g: TargetGraph, ub: UBatch):
+        self._kept_graph = g if g.kept else None
+        return g.read_outputs(ub)
+
+    def keep_states(self, picks: Sequence[tuple[int, int, int]]) -> None:
+        """After a ubatch run with ``snapshots``: for each ``(b, j, row)``, sequence ``b``'s
+        recurrent state after token ``T - 1 - j`` (SSM matrix and conv window, every GDN
+        layer) becomes state row ``row`` -- one copy per layer and sequence, made before
+        any other graph of this runner reuses the compute buffer holding them."""
+        g = self._kept_graph
+        if g is None:
+            raise RuntimeError("keep_states: the last graph run kept no states")
+        copy_ranges(*g.kept_ranges(self.rs, picks), n_threads=self.copy_threads)
