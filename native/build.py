@@ -91,7 +91,7 @@ def make_ffi(ggml: GgmlInstall):
         include_dirs=[str(ggml.include_dir)],
         library_dirs=[str(ggml.lib_dir)],
         libraries=link,
-        extra_link_args=[f"-Wl,-rpath,{ggml.lib_dir}", "-pthread"],
+        extra_link_args=[f"-Wl,-rpath,{ggml.lib_dir}"],
         extra_compile_args=["-O2", "-Wno-unused-function"],
     )
     return ffi

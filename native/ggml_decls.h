@@ -279,7 +279,7 @@ void pyggspec_ctx_forget_alloc(struct ggml_context * ctx);
 struct pyggspec_probe_hit { int node; int kind; ggml_backend_dev_t dev; struct ggml_tensor * tensor; };
 int  pyggspec_graph_probe(struct ggml_cgraph * graph, struct pyggspec_probe_hit * out, int cap);
 struct ggml_tensor * pyggspec_view_bits(struct ggml_context * ctx, struct ggml_tensor * a, enum ggml_type type);
-int  pyggspec_copy_ranges(int n, const intptr_t * src, const int64_t * src_off, const intptr_t * dst, const int64_t * dst_off, const int64_t * size, int n_threads);
+int  pyggspec_copy_ranges(int n, const intptr_t * src, const int64_t * src_off, const intptr_t * dst, const int64_t * dst_off, const int64_t * size);
 
 /* ---- weights upload (pyggspec/weights.py): CPU buffers over the file's mmap ---------- */
 ggml_backend_buffer_t ggml_backend_dev_buffer_from_host_ptr(ggml_backend_dev_t device, void * ptr, size_t size, size_t max_tensor_size);

@@ -6,7 +6,6 @@
  */
 #include <stdbool.h>
 #include <stdint.h>
-#include <pthread.h>
 #if defined(__x86_64__) || defined(_M_X64)
 #include <emmintrin.h>
 #endif
@@ -210,9 +209,6 @@ int pyggspec_graph_probe(struct ggml_cgraph * graph, struct pyggspec_probe_hit *
     return n;
 }
 
-struct pyggspec_copy_job { int begin, end; const intptr_t * src; const int64_t * src_off;
-                           const intptr_t * dst; const int64_t * dst_off; const int64_t * size; };
-
 /* memcpy with streaming stores where the target is 16-byte aligned (x86-64: SSE2, every
  * such CPU has it): a state row copied once is not read again soon, and a plain store
  * reads each target line into the cache before writing it -- half again the traffic on a
@@ -239,52 +235,17 @@ static void pyggspec_copy_stream(char * dst, const char * src, size_t n) {
     memcpy(dst, src, n);
 }
 
-static void * pyggspec_copy_run(void * arg) {
-    const struct pyggspec_copy_job * job = arg;
-    for (int i = job->begin; i < job->end; i++) {
-        const struct ggml_tensor * s = (const struct ggml_tensor *) job->src[i];
-        struct ggml_tensor * d = (struct ggml_tensor *) job->dst[i];
-        const int64_t so = job->src_off[i], dof = job->dst_off[i], n = job->size[i];
-        bool sh = ggml_backend_buffer_is_host(s->buffer);
-        bool dh = ggml_backend_buffer_is_host(d->buffer);
-        if (sh && dh) {
-            pyggspec_copy_stream((char *) d->data + dof, (const char *) s->data + so, n);
-        } else if (sh) {
-            ggml_backend_tensor_set(d, (const char *) s->data + so, dof, n);
-        } else if (dh) {
-            ggml_backend_tensor_get(s, (char *) d->data + dof, so, n);
-        } else {
-            struct ggml_tensor sv = *s, dv = *d;
-            sv.type = dv.type = GGML_TYPE_I8;
-            sv.data = (char *) s->data + so;
-            dv.data = (char *) d->data + dof;
-            sv.ne[0] = dv.ne[0] = n;
-            sv.nb[0] = dv.nb[0] = 1;
-            for (int k = 1; k < GGML_MAX_DIMS; k++) {
-                sv.ne[k] = dv.ne[k] = 1;
-                sv.nb[k] = dv.nb[k] = n;
-            }
-            sv.view_src = dv.view_src = NULL;
-            ggml_backend_tensor_copy(&sv, &dv);
-        }
-    }
-    return NULL;
-}
-
 /* Copy n byte ranges between tensors' data: range i is size[i] bytes from src[i] at
  * byte offset src_off[i] to dst[i] at dst_off[i] (tensors passed as addresses). Speculative
  * rollback uses it: a verify graph keeps every token's recurrent-state snapshot in its
  * compute buffer and only the one each sequence needs is copied into its state row (a
  * graph writing all of them into the cache moved three times the bytes). Host buffers are
  * memcpy'd; a device side goes through the backend (tensor set/get, or a device copy on
- * stack views of the ranges). Between host buffers the ranges are split over n_threads
- * threads by bytes (one core's memcpy is half the memory bandwidth of two). Returns 0, or
- * -1-i when range i is outside its tensors. */
+ * stack views of the ranges). One thread: on the 2-core bench host two threads copied
+ * no faster (the copy is bound by memory bandwidth). Returns 0, or -1-i when range i is
+ * outside its tensors. */
 int pyggspec_copy_ranges(int n, const intptr_t * src, const int64_t * src_off,
-                         const intptr_t * dst, const int64_t * dst_off, const int64_t * size,
-                         int n_threads) {
-    int64_t total = 0;
-    bool host = true;
+                         const intptr_t * dst, const int64_t * dst_off, const int64_t * size) {
     for (int i = 0; i < n; i++) {
         const struct ggml_tensor * s = (const struct ggml_tensor *) src[i];
         struct ggml_tensor * d = (struct ggml_tensor *) dst[i];
@@ -294,42 +255,33 @@ int pyggspec_copy_ranges(int n, const intptr_t * src, const int64_t * src_off,
                 || (size_t) (dst_off[i] + size[i]) > ggml_nbytes(d)) {
             return -1 - i;
         }
-        total += size[i];
-        host = host && ggml_backend_buffer_is_host(s->buffer) && ggml_backend_buffer_is_host(d->buffer);
     }
-    enum { MAX_THREADS = 16 };
-    if (!host || n_threads < 2 || n < 2 || total < (1 << 20)) {
-        n_threads = 1;
-    }
-    if (n_threads > MAX_THREADS) {
-        n_threads = MAX_THREADS;
-    }
-    struct pyggspec_copy_job jobs[MAX_THREADS];
-    pthread_t threads[MAX_THREADS];
-    int begin = 0;
-    int64_t done = 0;
-    for (int t = 0; t < n_threads; t++) {
-        int end = begin;
-        int64_t goal = total * (t + 1) / n_threads;
-        while (end < n && (t == n_threads - 1 || done < goal)) {
-            done += size[end++];
+    for (int i = 0; i < n; i++) {
+        const struct ggml_tensor * s = (const struct ggml_tensor *) src[i];
+        struct ggml_tensor * d = (struct ggml_tensor *) dst[i];
+        const int64_t so = src_off[i], dof = dst_off[i], k = size[i];
+        bool sh = ggml_backend_buffer_is_host(s->buffer);
+        bool dh = ggml_backend_buffer_is_host(d->buffer);
+        if (sh && dh) {
+            pyggspec_copy_stream((char *) d->data + dof, (const char *) s->data + so, k);
+        } else if (sh) {
+            ggml_backend_tensor_set(d, (const char *) s->data + so, dof, k);
+        } else if (dh) {
+            ggml_backend_tensor_get(s, (char *) d->data + dof, so, k);
+        } else {
+            struct ggml_tensor sv = *s, dv = *d;
+            sv.type = dv.type = GGML_TYPE_I8;
+            sv.data = (char *) s->data + so;
+            dv.data = (char *) d->data + dof;
+            sv.ne[0] = dv.ne[0] = k;
+            sv.nb[0] = dv.nb[0] = 1;
+            for (int m = 1; m < GGML_MAX_DIMS; m++) {
+                sv.ne[m] = dv.ne[m] = 1;
+                sv.nb[m] = dv.nb[m] = k;
+            }
+            sv.view_src = dv.view_src = NULL;
+            ggml_backend_tensor_copy(&sv, &dv);
         }
-        jobs[t] = (struct pyggspec_copy_job) { begin, end, src, src_off, dst, dst_off, size };
-        begin = end;
-    }
-    int started = 0;
-    for (int t = 1; t < n_threads; t++) {
-        if (pthread_create(&threads[t], NULL, pyggspec_copy_run, &jobs[t]) != 0) {
-            break;
-        }
-        started = t;
-    }
-    pyggspec_copy_run(&jobs[0]);
-    for (int t = 1; t <= started; t++) {
-        pthread_join(threads[t], NULL);
-    }
-    for (int t = started + 1; t < n_threads; t++) {  /* threads that did not start */
-        pyggspec_copy_run(&jobs[t]);
     }
     return 0;
 }

@@ -149,7 +149,6 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         p.closers.append(p.rs)
         p.target = Target(hp, p.weights, p.kv, p.rs, p.sched)
         p.target.step_rows = p.step_rows
-        p.target.copy_threads = cfg.threads
         p.closers.append(p.target)
         if cfg.speculative:
             _init_mtp(p, kv_cells)

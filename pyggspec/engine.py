@@ -482,12 +482,11 @@ class Engine:
             m.add("weights", dev, n)
         for dev, n in self.kv.bytes_by_device().items():
             m.add("kv", dev, n)
-        extra = "snapshots" if self.rollback == "snapshot" else "checkpoints"
         for dev, n in self.rs.bytes_by_device().items():
             one = n // self.rs.n_planes
             m.add("recurrent", dev, one)
-            if n > one:
-                m.add(extra, dev, n - one)
+            if n > one:  # checkpoint rollback's spare plane (snapshots keep one plane)
+                m.add("checkpoints", dev, n - one)
         for dev, n in self.sched.buffer_sizes().items():
             m.add("compute", dev, n)
         for dev, n in self.sched.spawned_buffer_sizes().items():

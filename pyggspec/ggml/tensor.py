@@ -217,13 +217,12 @@ def tensor_address(t: Tensor) -> int:
 
 
 def copy_ranges(src: np.ndarray, src_off: np.ndarray, dst: np.ndarray, dst_off: np.ndarray,
-                size: np.ndarray, n_threads: int = 1) -> None:
+                size: np.ndarray) -> None:
     """Copy byte ranges between tensors' data in one C call: range ``i`` is ``size[i]``
     bytes of the tensor at address ``src[i]`` (:func:`tensor_address`) from byte
     ``src_off[i]`` to the tensor at ``dst[i]`` at ``dst_off[i]``; int64 arrays, any
     backends. The tensors must be allocated and stay so; every range is bounds-checked
-    before anything is copied. Between host buffers, ``n_threads`` threads share the
-    bytes."""
+    before anything is copied."""
     arrs = [np.ascontiguousarray(a, dtype=np.int64) for a in (src, src_off, dst, dst_off, size)]
     n = len(arrs[0])
     if any(len(a) != n for a in arrs):
@@ -236,7 +235,7 @@ def copy_ranges(src: np.ndarray, src_off: np.ndarray, dst: np.ndarray, dst_off: 
         ffi.cast("int64_t *", ffi.from_buffer(arrs[1])),
         ffi.cast("intptr_t *", ffi.from_buffer(arrs[2])),
         ffi.cast("int64_t *", ffi.from_buffer(arrs[3])),
-        ffi.cast("int64_t *", ffi.from_buffer(arrs[4])), n_threads)
+        ffi.cast("int64_t *", ffi.from_buffer(arrs[4])))
     if rc != 0:
         raise ValueError(f"copy_ranges: range {-1 - rc} is outside its tensors or one is "
                          "not allocated")

@@ -103,8 +103,7 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
         if hp.is_recurrent(il):
             plan.add("recurrent", dev, state)
             if planes > 1:
-                plan.add("snapshots" if rollback == "snapshot" else "checkpoints", dev,
-                         state * (planes - 1))
+                plan.add("checkpoints", dev, state * (planes - 1))
         else:
             plan.add("kv", dev, kv_row * cells * n_parallel)
     if spec:

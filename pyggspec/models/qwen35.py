@@ -221,7 +221,6 @@ class Target(GraphRunner):
         self.rs = rs
         self._plan_users: dict[int, tuple[object, Callable[[Exception], None]]] = {}
         self._kept_graph: TargetGraph | None = None  # the last graph run, if it kept states
-        self.copy_threads = 1  # threads of keep_states' copies (the engine's -t)
 
     def register_plan(self, plan, stats, on_fail: Callable[[Exception], None]) -> int:
         """Make a sampling plan usable in graphs; returns its id for UBatch.sampling.
@@ -306,4 +305,4 @@ class Target(GraphRunner):
         g = self._kept_graph
         if g is None:
             raise RuntimeError("keep_states: the last graph run kept no states")
-        copy_ranges(*g.kept_ranges(self.rs, picks), n_threads=self.copy_threads)
+        copy_ranges(*g.kept_ranges(self.rs, picks))
