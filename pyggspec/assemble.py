@@ -22,6 +22,7 @@ from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
 from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.memory import KVCache, RecurrentState, SlotMemory
 from pyggspec.memory.plan import graph_options, planned_n_ctx
+from pyggspec.memory.recurrent import arena_layout
 from pyggspec.modelfile import open_model
 from pyggspec.models.batch import padded_rows
 from pyggspec.models.qwen35 import Target
@@ -143,9 +144,11 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
             p.closers.append(p.mtp_sched)
         p.memory_plan = plan_memory(p)
         _check_fit(p)
-        # current + one per verify row (snapshots, padding included) or one checkpoint
-        planes = graph_options(cfg, hp, p.rollback).planes
-        p.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, cfg.n_parallel, planes)
+        # one plane per slot and the arena of a verify batch's states (snapshots), or two
+        # planes (checkpoints)
+        opts = graph_options(cfg, hp, p.rollback)
+        p.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, cfg.n_parallel, opts.planes,
+                              arena_rows=opts.arena_rows, d_inner=hp.ssm_d_inner)
         p.closers.append(p.rs)
         p.target = Target(hp, p.weights, p.kv, p.rs, p.sched)
         p.target.step_rows = p.step_rows
@@ -225,13 +228,13 @@ def _choose_rollback(cfg: EngineConfig, hp, recr_devices: dict) -> str:
     want = cfg.spec.rollback
     if want in ("snapshot", "checkpoint"):
         return want
-    per_plane = (hp.n_embd_r + hp.n_embd_s) * 4 * cfg.n_parallel
     opts = graph_options(cfg, hp, "snapshot")
-    # the plane, and the verify graph's state after each of its rows (compute buffer)
-    planes = opts.planes + opts.step_rows
+    # the slots' rows and the arena of a verify batch's states after each of its rows
+    rows, _ = arena_layout(cfg.n_parallel, opts.planes, opts.arena_rows, hp.ssm_d_inner,
+                           hp.n_embd_s)
     need: dict[str, int] = {}
     for dev in recr_devices.values():
-        need[dev.name] = need.get(dev.name, 0) + per_plane * planes
+        need[dev.name] = need.get(dev.name, 0) + (hp.n_embd_r + hp.n_embd_s) * 4 * rows
     for name, n in need.items():
         dev = get_device(name)
         free, total = dev.memory()

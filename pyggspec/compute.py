@@ -50,8 +50,9 @@ from pyggspec.ggml.device import Backend, Device, cpu_device, get_device
 from pyggspec.ggml.dtypes import GGMLType
 from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.ggml.tensor import Tensor
+from pyggspec.memory.recurrent import arena_layout
 from pyggspec.modelfile import HParams
-from pyggspec.models.batch import catch_up_rows, padded_rows
+from pyggspec.models.batch import catch_up_rows, most_verify_rows, padded_rows
 from pyggspec.models.mtp import MtpGraph, MtpShape, MtpWeights
 from pyggspec.models.qwen35 import TargetGraph, UBatchShape
 from pyggspec.models.runner import STEP_SCHEDS
@@ -99,9 +100,17 @@ class GraphOptions:
     def planes(self) -> int:
         """Recurrent state planes per sequence: one, and a spare for checkpoint rollback
         (a verify writes its final state there, the old one stays until accepted). With
-        snapshot rollback the state after each verify row stays in the verify graph's
-        compute buffer and the accepted one is copied into the single plane."""
+        snapshot rollback the state after each verify row goes to the state arena
+        (:attr:`arena_rows`) and the accepted one's row becomes the sequence's."""
         return 2 if self.spec and self.rollback != "snapshot" else 1
+
+    @property
+    def arena_rows(self) -> int:
+        """Recurrent state rows of the arena (snapshot rollback): the most rows a verify
+        batch has, ``n_parallel`` sequences x the longest padded verify."""
+        if not self.spec or self.rollback != "snapshot":
+            return 0
+        return most_verify_rows(self.n_parallel, self.spec_n_max)
 
     def target_shapes(self) -> list[UBatchShape]:
         n, cells, spec = self.n_parallel, self.kv_cells, self.spec
@@ -213,6 +222,7 @@ class StateShapes:
         self.ph = ph
         self.n_ctx = n_ctx
         self._t: dict[tuple[str, int], Tensor] = {}
+        self.arena_base = self.arena_rows = 0
 
     def add_kv(self, il: int, device: Device, n_embd_k: int, n_embd_v: int, n_slots: int,
                type_k: str, type_v: str) -> None:
@@ -222,7 +232,12 @@ class StateShapes:
                                               f"cache_{kind}_l{il}", device)
 
     def add_recurrent(self, il: int, device: Device, n_embd_r: int, n_embd_s: int,
-                      rows: int) -> None:
+                      n_slots: int, n_planes: int = 1, arena_rows: int = 0,
+                      d_inner: int = 0) -> None:
+        """A GDN layer's state rows, laid out as the engine's
+        (:func:`~pyggspec.memory.recurrent.arena_layout`)."""
+        rows, self.arena_base = arena_layout(n_slots, n_planes, arena_rows, d_inner, n_embd_s)
+        self.arena_rows = arena_rows
         for kind, width in (("conv", n_embd_r), ("ssm", n_embd_s)):
             self._t[(kind, il)] = self.ph.new("f32", (width, rows), f"cache_{kind}_l{il}", device)
 
@@ -374,7 +389,8 @@ def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mappin
         for il in range(hp.n_layer):
             dev = layer_devices[il]
             if hp.is_recurrent(il):
-                states.add_recurrent(il, dev, hp.n_embd_r, hp.n_embd_s, n * opts.planes)
+                states.add_recurrent(il, dev, hp.n_embd_r, hp.n_embd_s, n, opts.planes,
+                                     opts.arena_rows, hp.ssm_d_inner)
             else:
                 states.add_kv(il, dev, hp.n_embd_k_gqa, hp.n_embd_v_gqa, n,
                               opts.type_k, opts.type_v)

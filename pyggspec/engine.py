@@ -482,11 +482,13 @@ class Engine:
             m.add("weights", dev, n)
         for dev, n in self.kv.bytes_by_device().items():
             m.add("kv", dev, n)
-        for dev, n in self.rs.bytes_by_device().items():
-            one = n // self.rs.n_planes
-            m.add("recurrent", dev, one)
-            if n > one:  # checkpoint rollback's spare plane (snapshots keep one plane)
-                m.add("checkpoints", dev, n - one)
+        rs = self.rs
+        for dev, n in rs.bytes_by_device().items():
+            row = n // rs.n_rows  # every row of every layer on this device
+            m.add("recurrent", dev, row * rs.n_slots)
+            # checkpoint rollback's spare plane; snapshot rollback's arena
+            m.add("checkpoints", dev, row * rs.n_slots * (rs.n_planes - 1))
+            m.add("snapshots", dev, row * (rs.n_rows - rs.n_slots * rs.n_planes))
         for dev, n in self.sched.buffer_sizes().items():
             m.add("compute", dev, n)
         for dev, n in self.sched.spawned_buffer_sizes().items():

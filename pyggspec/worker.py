@@ -13,9 +13,9 @@ functions with plain inputs and outputs::
     for each sequence b:
         choices, n, stop = accept(drafts[b], choose, is_stop)  # pure (speculative/verify)
         self._accepted(...)                        # chains, drafter, budget learn
-        self._commit(slot, [pending, *drafts[b][:n]], planes)  # SlotMemory (or replay)
+        self._commit(slot, [pending, *drafts[b][:n]], planes)  # SlotMemory (or replay):
+                                                  # snapshots: the state's arena row
         self.drafter.after_verify(slot, committed, hidden)     # the MTP carry-over
-    self.target.keep_states(kept)                 # snapshots: the accepted rows' states
 
 The worker also offers the low-level evaluation behind ``Engine.decode/eval/decode_token``.
 """
@@ -84,8 +84,6 @@ class Worker:
         self.snapshot = parts.rollback == "snapshot"
         self._plain_ubs: dict[int, UBatch] = {}
         self._step_ubs: dict[int, UBatch] = {}
-        # (b, j, row) per verified sequence: the kept state to copy (snapshot rollback)
-        self._kept: list[tuple[int, int, int]] = []
 
     # --- one scheduled step ------------------------------------------------------------
     def run(self, batch: Batch) -> StepOutput:
@@ -217,10 +215,13 @@ class Worker:
               if it.slot in drafts and drafts[it.slot].q}
         want = any(it.logprobs is not None for it in items)  # they need the logits
         ub, planes, prefixes = self._verify_batch(items, dtoks, host=bool(qs) or want)
-        choose_row, hidden, logits = self._verify(ub, prefixes, dtoks)
+        # states in the arena that the verify graph overwrites: each sequence's is read
+        # first and its new one pointed to by its commit; one left uncommitted (a failure)
+        # has no state any more
+        exposed = self.memory.in_arena(ub.slots) if self.snapshot else set()
         replay: dict[int, list[int]] = {}
-        self._kept.clear()
         try:
+            choose_row, hidden, logits = self._verify(ub, prefixes, dtoks)
             for b, it in enumerate(items):
                 d = dtoks[b]
                 if it.slot in qs:  # p/q rejection (probabilistic drafts)
@@ -237,13 +238,14 @@ class Worker:
                                    for i, t in enumerate(choices)]
                 so.grammar_end = self._accepted(it, drafts.get(it.slot), d, n, emitted)
                 committed = [it.pending, *d[:n]]
-                if not self._commit(it.slot, committed, planes[b], ub.tokens.shape[1], b):
+                if not self._commit(it.slot, committed, planes[b], ub.tokens.shape, b):
                     replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
                     so.target_evals += 1
+                exposed.discard(it.slot)
                 self.drafter.after_verify(it.slot, committed, hidden[b, : n + 1])
-        finally:  # committed states copied before any other target graph runs
-            if self._kept:
-                self.target.keep_states(self._kept)
+        finally:
+            for slot in exposed:  # nothing of such a slot is reusable (its request failed)
+                self.clear(slot)
         out.target_evals += 1
         out.mtp_evals += n_mtp
         if replay:
@@ -389,15 +391,16 @@ class Worker:
             self.policy.record(it.slot, draft.probs, min(n, len(d)))
         return end
 
-    def _commit(self, slot: int, committed: list[int], planes: list[int], T: int,
-                b: int) -> bool:
+    def _commit(self, slot: int, committed: list[int], planes: list[int],
+                shape: tuple[int, int], b: int) -> bool:
         """Commit the pending token and the accepted drafts; False when the recurrent
-        state must be re-evaluated (checkpoint rollback with a rejection or padding)."""
+        state must be re-evaluated (checkpoint rollback with a rejection or padding).
+        ``shape``: the verify batch's (B, T); ``b``: this sequence's index in it."""
         n = len(committed) - 1
-        if self.snapshot:  # the state after the last accepted row, copied in place
-            if T > 1:
-                self._kept.append((b, T - 1 - n, self.memory.state_row(slot)))
-            self.memory.commit(slot, committed)
+        B, T = shape
+        if self.snapshot:  # the state after the last accepted row: its arena row
+            kept = self.memory.kept_row(b, T - 1 - n, B) if T > 1 else None
+            self.memory.commit(slot, committed, kept=kept)
         elif n == T - 1:  # all accepted, no padding: the spare plane's state is complete
             self.memory.commit(slot, committed, planes[0])
         else:  # the state is still "before pending"
@@ -445,6 +448,8 @@ class Worker:
         mem, samplers = self.memory, self.samplers
         B = len(items)
         T = padded_rows(max(len(d) for d in dtoks) + 1, B)
+        if self.snapshot and T > 1:  # the graph overwrites the arena: others move out
+            mem.evacuate_except([it.slot for it in items])
         tokens = np.zeros((B, T), np.int32)
         for b, it in enumerate(items):
             d = dtoks[b]
@@ -452,7 +457,7 @@ class Worker:
             tokens[b, 1:1 + len(d)] = d
             tokens[b, 1 + len(d):] = d[-1] if d else it.pending
         src = np.array([mem.state_row(it.slot) for it in items], np.int32)
-        if self.snapshot:  # the states after every row stay in the graph (_keep_states)
+        if self.snapshot:  # the states after every row go to the arena (_commit)
             planes = [[] for _ in items]
             dst = src[None, :]
         else:

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """What snapshot rollback adds to a verify step: the target's B x T verify graph keeping
-the recurrent state after every row (and the copy of the accepted one per sequence,
-``Target.keep_states``) against the same graph writing only the final states. Not a
-comparison with llama-server.
+the recurrent state after every row (and what makes the accepted one each sequence's
+state) against the same graph writing only the final states. Not a comparison with
+llama-server.
 
 Why: a verify step must leave each sequence's state after its accepted rows. Until 6d1e393
 the graph wrote the state after *every* row into planes of the slot's own (each snapshot
-crossing memory three times: op output, read, row); it now keeps them in the compute
-buffer and one per sequence is copied. This prints both parts, median over ``--reps``
+crossing memory three times: op output, read, row); until the state arena it kept them
+in the compute buffer and copied one per sequence into its row; now the op writes them
+into the state arena and the accepted one's row becomes the sequence's (no copy; the
+"keep" part below is that bookkeeping). This prints both parts, median over ``--reps``
 alternating runs in one process (the first two dropped: graph builds)::
 
     python3 scripts/probe_verify_states.py --agreement 0.7 --type Q4_K_M --parallel 4 --rows 4
@@ -63,7 +65,8 @@ def main() -> int:
             w.target.run(ub, copy=False)
             t1 = time.perf_counter()
             if keep:  # every sequence keeps a different row's state, as acceptance varies
-                w.target.keep_states([(b, (rep + b) % T, mem.state_row(b)) for b in range(B)])
+                for b in range(B):
+                    mem.commit(b, (), kept=mem.kept_row(b, (rep + b) % T, B))
             runs[keep].append(((t1 - t0) * 1e3, (time.perf_counter() - t1) * 1e3))
     e.close()
     final, kept = (runs[k][2:] for k in (False, True))
@@ -71,7 +74,7 @@ def main() -> int:
     g_final, g_kept = med(r for r, _ in final), med(r for r, _ in kept)
     copy = med(c for _, c in kept)
     print(f"{args.type} ~{args.agreement} {B}x{T}: final states only {g_final:.1f} ms; "
-          f"states kept {g_kept:.1f} ms (+{g_kept - g_final:.1f}) + copy {copy:.1f} ms "
+          f"states kept {g_kept:.1f} ms (+{g_kept - g_final:.1f}) + keep {copy:.1f} ms "
           f"= +{g_kept + copy - g_final:.1f} ms ({(g_kept + copy) / g_final - 1:+.1%})")
     return 0
 

@@ -115,3 +115,34 @@ def test_state_after_each_step_equals_plain(engines, arch, rb):
                                        kb.view(np.float16).astype(np.float32),
                                        rtol=2e-3, atol=2e-3)
     assert steps >= 3
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_arena_state_survives_other_verifies(engines, arch):
+    """Snapshot rollback leaves a sequence's state in the arena row of its last accepted
+    token; a finished sequence's state stays there until verify steps of other sequences
+    would overwrite it: it is copied to its own row first, equal to plain decoding's."""
+    e = engines[(arch, "snapshot", 3)]
+    plain = engines[(arch, None, 0)]
+    greedy = SamplingParams(temp=0.0)
+    for s in range(e.n_parallel):
+        e.clear(s)
+    h0 = e.submit(Request([300, 301, 302, 303], max_tokens=9, ignore_eos=True, slot=0,
+                          cache_prompt=False, sampling=greedy))
+    while not h0.done:
+        e.step()
+    assert e.rs.in_arena(0)  # its last verify left it there
+    tokens0 = list(e.worker.memory.tokens(0))
+    h1 = e.submit(Request([500, 501, 502], max_tokens=12, ignore_eos=True, slot=1,
+                          cache_prompt=False, sampling=greedy))
+    while not h1.done:
+        e.step()
+    assert not e.rs.in_arena(0) and e.rs.in_arena(1)
+    assert list(e.worker.memory.tokens(0)) == tokens0
+    plain.clear(0)
+    plain.eval(tokens0, 0)
+    a, b = e.rs.snapshot(0), plain.rs.snapshot(0)
+    for key in b.data:
+        np.testing.assert_allclose(np.frombuffer(a.data[key], np.float32),
+                                   np.frombuffer(b.data[key], np.float32),
+                                   rtol=1e-5, atol=1e-6, err_msg=str(key))

@@ -18,7 +18,7 @@ from pyggspec.errors import DeviceError
 from pyggspec.ggml import _lib
 from pyggspec.ggml.context import Context, GraphError
 from pyggspec.ggml.device import Backend
-from pyggspec.ggml.tensor import Tensor
+from pyggspec.ggml.tensor import Tensor, place
 
 log = logging.getLogger("pyggspec.devices")
 _PROBE_CAP = 64
@@ -51,8 +51,21 @@ class Graph:
         self.ptr = ptr
         self.size = size
         self.outputs = list(outputs)
+        # nodes that live in memory outside the compute buffer: (node, base tensor, byte
+        # offset), placed again whenever the graph is allocated (:meth:`pin`)
+        self.pins: list[tuple[Tensor, Tensor, int]] = []
         for t in self.outputs:
             self.expand(t)
+
+    def pin(self, t: Tensor, base: Tensor, offset: int) -> None:
+        """Let node ``t`` be computed straight into ``base`` at byte ``offset`` (see
+        :func:`~pyggspec.ggml.tensor.place`), now and after every allocation."""
+        place(t, base, offset)
+        self.pins.append((t, base, offset))
+
+    def place_pins(self) -> None:
+        for t, base, offset in self.pins:
+            place(t, base, offset)
 
     def expand(self, t: Tensor) -> None:
         # ggml aborts when the graph is full: check with margin for the new subgraph.
@@ -178,6 +191,7 @@ class BackendScheduler:
         self._allocated = None  # even if the allocation below fails
         # a graph allocated before holds addresses in buffers that may be gone now
         lib.pyggspec_ctx_forget_alloc(graph.ctx.ptr)
+        graph.place_pins()
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
             raise DeviceError(None, "could not allocate the compute graph")
         self._allocated = graph

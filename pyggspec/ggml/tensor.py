@@ -239,3 +239,26 @@ def copy_ranges(src: np.ndarray, src_off: np.ndarray, dst: np.ndarray, dst_off: 
     if rc != 0:
         raise ValueError(f"copy_ranges: range {-1 - rc} is outside its tensors or one is "
                          "not allocated")
+
+
+def place(t: Tensor, base: Tensor, offset: int) -> None:
+    """Make the node ``t`` live at byte ``offset`` of ``base``'s memory (a state tensor),
+    so that the op computing it writes there and ggml's allocator leaves it out of the
+    compute buffer. ``base`` on a placeholder buffer (graph sizing): ``t`` is attached to
+    that buffer, which counts as allocated there for the allocator too. Called again
+    after every re-allocation of ``t``'s graph (which forgets where its tensors were)."""
+    if not t.is_contiguous or offset < 0 or offset + t.nbytes > base.nbytes:
+        raise ValueError(f"cannot place {t.name} ({t.nbytes} bytes) at byte {offset} of "
+                         f"{base.name} ({base.nbytes} bytes)")
+    ffi, lib = _lib.ffi, _lib.lib
+    p, b = t.ptr, base.ptr
+    if b.buffer == ffi.NULL:
+        raise ValueError(f"cannot place {t.name}: {base.name} is not allocated")
+    p.data = ffi.NULL
+    p.buffer = ffi.NULL
+    if b.data == ffi.NULL:  # a placeholder: counted as allocated on its device
+        p.buffer = b.buffer
+        return
+    rc = lib.ggml_backend_tensor_alloc(b.buffer, p, ffi.cast("char *", b.data) + offset)
+    if rc != lib.GGML_STATUS_SUCCESS:
+        raise ValueError(f"cannot place {t.name} in {base.name} (ggml status {rc})")

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pyggspec.config import EngineConfig
+from pyggspec.memory.recurrent import arena_layout
 from pyggspec.modelfile import HParams, ggml_type
-from pyggspec.models.batch import padded_rows
+from pyggspec.models.batch import most_verify_rows, padded_rows
 
 if TYPE_CHECKING:
     from pyggspec.compute import ComputePlan, GraphOptions
@@ -94,16 +95,22 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
     cells = n_ctx + (spec_n_max + 2 if spec else 0)
     tk, tv = ggml_type(type_k), ggml_type(type_v)
     kv_row = tk.row_bytes(hp.n_embd_k_gqa) + tv.row_bytes(hp.n_embd_v_gqa)
-    state = (hp.n_embd_r + hp.n_embd_s) * 4 * n_parallel
-    # a spare plane for checkpoint rollback; snapshots stay in the verify graph's compute
-    # buffer (one state per verify row, sized with the graph) and need none
+    row = (hp.n_embd_r + hp.n_embd_s) * 4
+    state = row * n_parallel
+    # a spare plane for checkpoint rollback; with snapshots the arena where the verify
+    # graph writes the state after each of its rows (RecurrentState)
     planes = 2 if spec and rollback != "snapshot" else 1
+    arena = 0
+    if spec and rollback == "snapshot":
+        arena = most_verify_rows(n_parallel, spec_n_max)
+    rows, _ = arena_layout(n_parallel, planes, arena, hp.ssm_d_inner, hp.n_embd_s)
     for il in range(hp.n_layer):
         dev = layer_devices[il]
         if hp.is_recurrent(il):
             plan.add("recurrent", dev, state)
             if planes > 1:
                 plan.add("checkpoints", dev, state * (planes - 1))
+            plan.add("snapshots", dev, row * (rows - n_parallel * planes))
         else:
             plan.add("kv", dev, kv_row * cells * n_parallel)
     if spec:
@@ -126,10 +133,7 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
     ub = min(n_ubatch, n_ctx)
     mask = 2 * min(n_ctx, 2 * max(ub, 256))
     act = 4 * max(2.5 * hp.conv_dim, 3 * _ffn_width(hp))
-    kept = 0
-    if spec and rollback == "snapshot":  # the states after each verify row, per GDN layer
-        kept = rows * (hp.n_embd_r + hp.n_embd_s) * 4 * hp.n_recurrent_layers
-    plan.add("compute", output_device, int(ub * (mask + act)) + rows * vocab_row + kept)
+    plan.add("compute", output_device, int(ub * (mask + act)) + rows * vocab_row)
     if spec:
         mh = mtp_hp or hp
         plan.add("compute", mtp_device or output_device,

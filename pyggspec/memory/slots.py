@@ -101,10 +101,28 @@ class SlotMemory:
         """Planes a verify may write the states after its tokens into."""
         return self.rs.spare_planes(slot)
 
+    def kept_row(self, b: int, j: int, B: int) -> int:
+        """The arena row where a verify graph of ``B`` sequences kept sequence ``b``'s
+        state after its token ``T - 1 - j`` (snapshot rollback)."""
+        return self.rs.arena_base + j * B + b
+
+    def in_arena(self, slots: Sequence[int]) -> set[int]:
+        """Those of ``slots`` whose state is held in the arena (a verify graph overwrites
+        it: they are its sequences, or were evacuated before it ran)."""
+        return {s for s in slots if self.rs.in_arena(s)}
+
+    def evacuate_except(self, slots: Sequence[int]) -> None:
+        """Before a verify graph of ``slots``: every other arena-held state is copied to
+        its own row (the graph overwrites the arena; its own sequences' states are read
+        before that)."""
+        self.rs.evacuate_except(slots)
+
     # --- writing -------------------------------------------------------------------------
-    def commit(self, slot: int, tokens: Sequence[int], plane: int | None = None) -> None:
+    def commit(self, slot: int, tokens: Sequence[int], plane: int | None = None,
+               kept: int | None = None) -> None:
         """The target evaluated ``tokens`` after the committed ones; ``plane``: the plane
-        now holding the state after them (None: written in place, the current one)."""
+        now holding the state after them (None: written in place, the current one);
+        ``kept``: the arena row holding it (snapshot rollback, :meth:`kept_row`)."""
         toks = self._slots[slot].tokens
         if isinstance(tokens, (list, tuple)):  # the step paths: Python ints already
             toks.extend(tokens)
@@ -112,6 +130,8 @@ class SlotMemory:
             toks.extend(int(t) for t in tokens)
         if plane is not None:
             self.rs.set_current(slot, plane)
+        if kept is not None:
+            self.rs.point(slot, kept)
 
     def commit_mtp(self, slot: int, end: int) -> None:
         """The MTP cache holds pairs ``0..end-1`` of ``slot``."""

@@ -30,6 +30,13 @@ def padded_rows(T: int, B: int) -> int:
     return T
 
 
+def most_verify_rows(n_parallel: int, n_max: int) -> int:
+    """How many states after verify tokens the snapshot arena holds: ``n_parallel``
+    sequences x the most padded rows any batch size gives one (a bound on every verify
+    batch, and the shape the per-step graphs of several devices are sized with)."""
+    return n_parallel * max(padded_rows(n_max + 1, B) for B in range(1, n_parallel + 1))
+
+
 MTP_NO_PAD_ROWS = 64  # MTP catch-up batches this long (prompt warm-up) are not padded
 
 
@@ -63,8 +70,8 @@ class UBatch:
     hidden: bool = False
     state_src: np.ndarray | None = None  # int32 [B]: recurrent rows to read
     state_dst: np.ndarray | None = None  # int32 [1, B]: rows for the new states
-    # the state after every token stays in the graph, none is written (speculative
-    # rollback: Target.keep_states copies the accepted one); with one token, written
+    # the state after every token goes to the state arena, no row is written (speculative
+    # rollback: the accepted one's arena row becomes the sequence's); with one token, written
     snapshots: bool = False
     sampling: int = 0  # sampling plan id (Target.register_plan); 0: logits come back
     rows: list | None = None  # RowInput per output row, for the device sampling prefix

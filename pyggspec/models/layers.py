@@ -306,13 +306,15 @@ class RecurrentInputs:
     """Which state rows a ubatch reads and where its new states go.
 
     ``src_rows`` [B]: each sequence's current row. ``n_write`` 1: ``dst_rows`` [B] receive
-    the final states. ``n_write`` T (speculative rollback): nothing is written; the state
-    after every token -- the op's snapshots and a conv window per token -- stays in the
-    graph as outputs, listed in ``kept`` (one :class:`KeptStates` per layer), and the
-    caller copies the one each sequence needs into its row once acceptance is known
-    (:meth:`pyggspec.models.qwen35.Target.keep_states`). Written into snapshot rows by the
-    graph, every snapshot crossed memory three times (op output, read, row) where one in
-    T is kept: at ``-np 4`` with three drafts that was 15% of a verify step.
+    the final states. ``n_write`` T (speculative rollback): the state after every token --
+    the op's snapshots and a conv window per token -- is listed in ``kept`` (one
+    :class:`KeptStates` per layer), and the graph's builder places those tensors in the
+    state arena (:class:`~pyggspec.memory.recurrent.RecurrentState`), where the op writes
+    them directly; once acceptance is known, a sequence's state is the arena row of its
+    last accepted token. Written into snapshot rows with ``set_rows``, every snapshot
+    crossed memory three times (op output, read, row) where one in T is kept: at ``-np 4``
+    with three drafts that was 15% of a verify step; copied out of the compute buffer,
+    the kept one still cost 10-14 ms of a ~280 ms 4 x 4 step.
     """
 
     src_rows: Tensor
@@ -323,7 +325,7 @@ class RecurrentInputs:
 
 @dataclass
 class KeptStates:
-    """One GDN layer's states after each token of a verify ubatch, left in the graph.
+    """One GDN layer's states after each token of a verify ubatch (graph nodes to place).
 
     ``ssm``: the op's output; sequence ``b``'s state after token ``T - 1 - j`` is ``D``
     floats at byte ``ssm_offset + (j * B + b) * D * 4``. ``conv[j]`` [n_embd_r, B]: the
@@ -387,7 +389,7 @@ def gated_delta_net(b: Builder, x: Tensor, il: int, inp: RecurrentInputs, conv_s
     o = b.cb(ctx.view(out, (head_v, Hv, T, B), (head_v * f, head_v * Hv * f, head_v * Hv * T * f),
                       0), "attn_output", il)
     D = head_v * head_v * Hv  # snapshots follow the outputs, most recent first, B per slot
-    if keep:  # every snapshot stays in the graph; the caller copies out the one it needs
+    if keep:  # every snapshot goes to the state arena (the builder places ``out`` there)
         b.graph.expand(out.set_output())
         assert inp.kept is not None
         inp.kept.append(KeptStates(il, out, n_out * f, wins))

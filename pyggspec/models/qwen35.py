@@ -7,14 +7,14 @@ and reads the logits (and, for MTP, the post-norm hidden rows ``h_nextn``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.sched import BackendScheduler, Graph
-from pyggspec.ggml.tensor import HostBinding, Tensor, copy_ranges, tensor_address
+from pyggspec.ggml.tensor import HostBinding, Tensor
 from pyggspec.memory import KVCache, RecurrentState
 from pyggspec.modelfile import HParams
 from pyggspec.models import layers
@@ -36,7 +36,7 @@ class UBatchShape:
     n_outputs: int  # rows of logits wanted (== n_tokens means all)
     hidden: bool  # also read back h_nextn for every token
     # recurrent states per sequence: 1 (the final one, written) or T (one after every
-    # token, kept in the graph for Target.keep_states: speculative rollback)
+    # token, written to the state arena: speculative rollback)
     n_write: int = 1
     sampling: int = 0  # id of the sampling plan whose device prefix runs in the graph (0: none)
 
@@ -108,6 +108,8 @@ class TargetGraph:
             h.set_output()
             graph.expand(h)
             self.hidden = h if shape.hidden else None
+            if keep:
+                self._pin_kept(rs)
         except BaseException:
             ctx.close()
             raise
@@ -116,7 +118,6 @@ class TargetGraph:
         self._tokens = np.zeros(n_tok, dtype=np.int32)
         self._src = np.zeros(B, dtype=np.int32)
         self._dst = np.zeros(B, dtype=np.int32)
-        self._kept_table: tuple | None = None  # Target.keep_states' addresses, made once
         self._out_ids = np.zeros(shape.n_outputs, dtype=np.int32)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
                         if self.sampling is None else None)  # sampling: made on a failure
@@ -169,39 +170,21 @@ class TargetGraph:
                 self._logits_out = HostBinding(self.logits, self._logits)
             return self._logits_out.pull(), hidden, None, e
 
-    def kept_ranges(self, rs: RecurrentState, picks: Sequence[tuple[int, int, int]]):
-        """The byte ranges :meth:`Target.keep_states` copies (``copy_ranges``' arrays):
-        addresses and offsets per layer come from a table made on the first call, so a
-        step's ranges are a few numpy operations whatever the layers and sequences."""
-        if self._kept_table is None:
-            k0 = self.kept[0]
-            ssm_row, conv_row = rs.ssm(k0.il).nb[1], rs.conv(k0.il).nb[1]
-            n_snap = self.shape.n_write * self.shape.n_seqs
-            if (k0.conv[0].nb[1] != conv_row
-                    or k0.ssm.nbytes != k0.ssm_offset + n_snap * ssm_row):
-                raise RuntimeError("kept states do not match the state rows")
-            self._kept_table = (
-                np.array([tensor_address(k.ssm) for k in self.kept], np.int64),
-                np.array([k.ssm_offset for k in self.kept], np.int64),
-                np.array([[tensor_address(c) for c in k.conv] for k in self.kept], np.int64),
-                np.array([tensor_address(rs.ssm(k.il)) for k in self.kept], np.int64),
-                np.array([tensor_address(rs.conv(k.il)) for k in self.kept], np.int64),
-                ssm_row, conv_row)
-        ssm_src, ssm_off, conv_src, ssm_dst, conv_dst, ssm_row, conv_row = self._kept_table
-        B = self.shape.n_seqs
-        b, j, row = (np.array(c, np.int64) for c in zip(*picks))
-        L, P = len(ssm_src), len(b)
-        shp = (L, P)
-        src = np.concatenate([np.broadcast_to(ssm_src[:, None], shp).ravel(),
-                              conv_src[:, j].ravel()])
-        src_off = np.concatenate([(ssm_off[:, None] + (j * B + b) * ssm_row).ravel(),
-                                  np.broadcast_to(b * conv_row, shp).ravel()])
-        dst = np.concatenate([np.broadcast_to(ssm_dst[:, None], shp).ravel(),
-                              np.broadcast_to(conv_dst[:, None], shp).ravel()])
-        dst_off = np.concatenate([np.broadcast_to(row * ssm_row, shp).ravel(),
-                                  np.broadcast_to(row * conv_row, shp).ravel()])
-        size = np.repeat(np.array([ssm_row, conv_row], np.int64), L * P)
-        return src, src_off, dst, dst_off, size
+    def _pin_kept(self, rs) -> None:
+        """The states after each token go straight to the state arena: each GDN layer's
+        op output is placed so that its snapshot of sequence ``b`` after token ``T-1-j``
+        is arena row ``j * B + b`` (its attention outputs take the pad rows before the
+        arena), the conv windows after token ``T-1-j`` on rows ``j * B .. j * B + B - 1``."""
+        B, n = self.shape.n_seqs, self.shape.n_write * self.shape.n_seqs
+        if n > rs.arena_rows:
+            raise RuntimeError(f"a verify batch of {n} rows does not fit the state arena "
+                               f"({rs.arena_rows} rows)")
+        base = rs.arena_base
+        for k in self.kept:
+            ssm, conv = rs.ssm(k.il), rs.conv(k.il)
+            self.graph.pin(k.ssm, ssm, base * ssm.nb[1] - k.ssm_offset)
+            for j, win in enumerate(k.conv):
+                self.graph.pin(win, conv, (base + j * B) * conv.nb[1])
 
     def close(self) -> None:
         if self.sampling is not None:
@@ -220,7 +203,6 @@ class Target(GraphRunner):
         self.kv = kv
         self.rs = rs
         self._plan_users: dict[int, tuple[object, Callable[[Exception], None]]] = {}
-        self._kept_graph: TargetGraph | None = None  # the last graph run, if it kept states
 
     def register_plan(self, plan, stats, on_fail: Callable[[Exception], None]) -> int:
         """Make a sampling plan usable in graphs; returns its id for UBatch.sampling.
@@ -253,7 +235,6 @@ class Target(GraphRunner):
         ``logits`` come back, and the plan's ``on_fail`` is told. A failed compute is not
         redone (the recurrent state may have been advanced already): it raises.
         """
-        self._kept_graph = None  # a new graph may reuse the compute buffer
         if ub.state_src is None:
             rows = np.array([self.rs.row(s) for s in ub.slots], dtype=np.int32)
             ub.state_src = rows
@@ -287,22 +268,8 @@ class Target(GraphRunner):
             shape,
             lambda s: TargetGraph(self.hp, self.weights, self.kv, self.rs, s,
                                   self.plans.get(s.sampling)),
-            feed, lambda g: self._read(g, ub))
+            feed, lambda g: g.read_outputs(ub))
         if copy:
             logits = logits.copy() if logits is not None else None
             hidden = hidden.copy() if hidden is not None else None
         return StepResult(logits, hidden, ids), err
-
-    def _read(self, g: TargetGraph, ub: UBatch):
-        self._kept_graph = g if g.kept else None
-        return g.read_outputs(ub)
-
-    def keep_states(self, picks: Sequence[tuple[int, int, int]]) -> None:
-        """After a ubatch run with ``snapshots``: for each ``(b, j, row)``, sequence ``b``'s
-        recurrent state after token ``T - 1 - j`` (SSM matrix and conv window, every GDN
-        layer) becomes state row ``row`` -- one copy per layer and sequence, made before
-        any other graph of this runner reuses the compute buffer holding them."""
-        g = self._kept_graph
-        if g is None:
-            raise RuntimeError("keep_states: the last graph run kept no states")
-        copy_ranges(*g.kept_ranges(self.rs, picks))
