@@ -215,37 +215,31 @@ class Worker:
               if it.slot in drafts and drafts[it.slot].q}
         want = any(it.logprobs is not None for it in items)  # they need the logits
         ub, planes, prefixes = self._verify_batch(items, dtoks, host=bool(qs) or want)
-        # states in the arena that the verify graph overwrites: each sequence's is read
-        # first and its new one pointed to by its commit; one left uncommitted (a failure)
-        # has no state any more
-        exposed = self.memory.in_arena(ub.slots) if self.snapshot else set()
+        # snapshot rollback: the verify graph overwrites the state arena (each sequence's
+        # state is read first, and its commit points it to its new arena row); when this
+        # step raises, its sequences fail and the scheduler clears their slots
+        choose_row, hidden, logits = self._verify(ub, prefixes, dtoks)
         replay: dict[int, list[int]] = {}
-        try:
-            choose_row, hidden, logits = self._verify(ub, prefixes, dtoks)
-            for b, it in enumerate(items):
-                d = dtoks[b]
-                if it.slot in qs:  # p/q rejection (probabilistic drafts)
-                    choices, n, stopped = self._reject(it.slot, d, qs[it.slot], logits[b],
-                                                       lambda i, b=b: choose_row(b, i), it.is_stop)
-                else:
-                    choices, n, stopped = accept(d, lambda i, b=b: choose_row(b, i), it.is_stop)
-                emitted = choices[:-1] if stopped else choices
-                so = out.seqs[it.slot] = SeqOutput(choices, len(d), min(n, len(d)), it.spec,
-                                                   target_evals=1,
-                                                   mtp_evals=n_mtp if it.spec else 0)
-                if it.logprobs is not None:  # row i is the target's own distribution of token i
-                    so.logprobs = [self._logprob(it.slot, it.logprobs, logits[b, i], t, d[:i])
-                                   for i, t in enumerate(choices)]
-                so.grammar_end = self._accepted(it, drafts.get(it.slot), d, n, emitted)
-                committed = [it.pending, *d[:n]]
-                if not self._commit(it.slot, committed, planes[b], ub.tokens.shape, b):
-                    replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
-                    so.target_evals += 1
-                exposed.discard(it.slot)
-                self.drafter.after_verify(it.slot, committed, hidden[b, : n + 1])
-        finally:
-            for slot in exposed:  # nothing of such a slot is reusable (its request failed)
-                self.clear(slot)
+        for b, it in enumerate(items):
+            d = dtoks[b]
+            if it.slot in qs:  # p/q rejection (probabilistic drafts)
+                choices, n, stopped = self._reject(it.slot, d, qs[it.slot], logits[b],
+                                                   lambda i, b=b: choose_row(b, i), it.is_stop)
+            else:
+                choices, n, stopped = accept(d, lambda i, b=b: choose_row(b, i), it.is_stop)
+            emitted = choices[:-1] if stopped else choices
+            so = out.seqs[it.slot] = SeqOutput(choices, len(d), min(n, len(d)), it.spec,
+                                               target_evals=1,
+                                               mtp_evals=n_mtp if it.spec else 0)
+            if it.logprobs is not None:  # row i is the target's own distribution of token i
+                so.logprobs = [self._logprob(it.slot, it.logprobs, logits[b, i], t, d[:i])
+                               for i, t in enumerate(choices)]
+            so.grammar_end = self._accepted(it, drafts.get(it.slot), d, n, emitted)
+            committed = [it.pending, *d[:n]]
+            if not self._commit(it.slot, committed, planes[b], ub.tokens.shape, b):
+                replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
+                so.target_evals += 1
+            self.drafter.after_verify(it.slot, committed, hidden[b, : n + 1])
         out.target_evals += 1
         out.mtp_evals += n_mtp
         if replay:

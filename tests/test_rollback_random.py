@@ -146,3 +146,41 @@ def test_arena_state_survives_other_verifies(engines, arch):
         np.testing.assert_allclose(np.frombuffer(a.data[key], np.float32),
                                    np.frombuffer(b.data[key], np.float32),
                                    rtol=1e-5, atol=1e-6, err_msg=str(key))
+
+
+def test_failed_verify_leaves_consistent_slots(engines, monkeypatch):
+    """A verify step that fails part-way, after it overwrote the state arena (and after it
+    committed one sequence): its sequences fail and their slots are cleared, none left
+    pointing at an arena row another sequence's state went to; the engine then generates
+    as plain decoding does."""
+    from pyggspec.worker import Worker
+
+    e = engines[("dense", "snapshot", 3)]
+    plain = engines[("dense", None, 0)]
+    greedy = SamplingParams(temp=0.0)
+    for s in range(e.n_parallel):
+        e.clear(s)
+    prompts = [[300 + 10 * s, 301, 302] for s in (0, 1)]
+    hs = [e.submit(Request(prompts[s], max_tokens=40, ignore_eos=True, slot=s,
+                           cache_prompt=False, sampling=greedy)) for s in (0, 1)]
+    steps = 0
+    while not (e.rs.in_arena(0) and e.rs.in_arena(1)):
+        e.step()
+        steps += 1
+        assert steps < 10
+    real = Worker._accepted
+
+    def fail_slot_1(self, it, *args):
+        if it.slot == 1:
+            raise RuntimeError("injected failure")
+        return real(self, it, *args)
+
+    monkeypatch.setattr(Worker, "_accepted", fail_slot_1)
+    e.step()
+    monkeypatch.undo()
+    assert all(h.done for h in hs)
+    for s in (0, 1):
+        assert e.seq_len(s) == 0 and not e.rs.in_arena(s)
+    got, _ = _run(e, prompts, 12, greedy)
+    ref, _ = _run(plain, prompts, 12, greedy)
+    assert got == ref

@@ -106,11 +106,6 @@ class SlotMemory:
         state after its token ``T - 1 - j`` (snapshot rollback)."""
         return self.rs.arena_base + j * B + b
 
-    def in_arena(self, slots: Sequence[int]) -> set[int]:
-        """Those of ``slots`` whose state is held in the arena (a verify graph overwrites
-        it: they are its sequences, or were evacuated before it ran)."""
-        return {s for s in slots if self.rs.in_arena(s)}
-
     def evacuate_except(self, slots: Sequence[int]) -> None:
         """Before a verify graph of ``slots``: every other arena-held state is copied to
         its own row (the graph overwrites the arena; its own sequences' states are read
