@@ -20,7 +20,8 @@ those batches are built with):
 * target plain step: ``n_parallel`` x 1 (a prefill shape covers it unless ``n_ubatch`` is
   smaller than ``n_parallel``);
 * target verify (draft-mtp): B x ``padded_rows(n_max + 1, B)`` rows, logits and hidden rows
-  for all, the recurrent state after every row kept (``--spec-rollback snapshot``);
+  for all, the recurrent state after every row written to the state arena, outside the
+  compute buffer (``--spec-rollback snapshot``);
 * MTP: the prompt warm-up / catch-up batch of ``n_parallel`` x ``n_ubatch`` rows, which
   bounds the one-row draft steps;
 * with backend sampling (:class:`SamplingSizing`): the plain steps and verify batches again

@@ -435,9 +435,9 @@ class Worker:
                       host: bool = False) -> tuple[UBatch, list[list[int]], list | None]:
         """[pending, d1..dk] for every sequence, padded to a common length (padding
         repeats the last token; its rows are ignored), with the recurrent-state planes the
-        final state goes to: none with snapshot rollback (the state after every row stays
-        in the graph and the accepted one is copied into the current plane), the spare one
-        with checkpoints.
+        final state goes to: none with snapshot rollback (the state after every row goes
+        to the state arena, and the accepted one's row becomes the sequence's: _commit),
+        the spare one with checkpoints.
         Returns (ubatch, planes per sequence, per-row draft prefixes for device sampling)."""
         mem, samplers = self.memory, self.samplers
         B = len(items)

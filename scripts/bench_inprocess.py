@@ -15,7 +15,8 @@ themselves cost (docs/benchmarks.md row 38). Not a comparison with llama-server.
 Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``declining``
 (the default made to decline every step: the declined path's own cost), ``nodrift`` (the
 default with its costs' speed factor held still: each shape priced by its own runs alone,
-as before row 53), ``forced=N`` (the default made to verify N drafts every step: its
+as before row 53), ``gateonly`` (the default's gate deciding alone, without the drafting
+ways chosen by what they realized: :mod:`pyggspec.speculative.arms`), ``forced=N`` (the default made to verify N drafts every step: its
 budget's bookkeeping without its choices), ``fixed=N``
 (``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` / ``+cap=N`` after a speculative
 one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE`` / ``--spec-draft-n-max N``
@@ -109,12 +110,17 @@ def _engine(path: Path, base: str, skw: dict, kw: dict):
         e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
         e.draft_policy.costs.drift_gain = 0.0
         return e
+    if base == "gateonly":  # the default's gate alone, without the drafting ways chosen
+        # by what they realized (speculative.arms)
+        e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
+        e.draft_policy.use_ways = False
+        return e
     if base.startswith("fixed="):
         n = int(base.split("=", 1)[1])
         return Engine(str(path), spec_type="draft-mtp",
                       spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
     raise SystemExit(f"bench_inprocess: unknown engine {base!r} "
-                     "(plain, default, declining, nodrift, forced=N, fixed=N; options of "
+                     "(plain, default, declining, nodrift, gateonly, forced=N, fixed=N; options of "
                      "speculative ones: +dv=N, +head=TYPE, +cap=N, +cal=N; of any: +huge=0)")
 
 

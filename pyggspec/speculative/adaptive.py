@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pyggspec.speculative.arms import DraftWays
 from pyggspec.speculative.calibration import AcceptanceModel
 from pyggspec.speculative.step_ratios import StepRatios
 
@@ -206,6 +207,11 @@ class DraftBudget:
         self.acceptance = acceptance if acceptance is not None else AcceptanceModel()
         # drafting steps in plain steps of their batch size, from steps run side by side
         self.ratios = StepRatios()
+        # the way each step drafts (the gate, every draft to the cap, or none), by what
+        # each realized (not with pinned costs: tests of the gate alone)
+        self.ways = DraftWays()
+        self.use_ways = True  # False: the gate alone decides (as before the ways)
+        self._way: str | None = None  # this step's way (None: calibration, probes)
         self.explore_every = explore_every  # drafting steps between two that go one deeper
         # declined steps before one drafts anyway; doubled after each such step that finds
         # drafting still does not pay (up to IDLE_EXPLORE_MAX), reset when it pays again
@@ -316,6 +322,7 @@ class DraftBudget:
         (:meth:`_loss`). Drafting now and then anyway keeps it measured."""
         B = len(slots)
         self._B = B
+        self._way = None
         self._regime = dict(zip(slots, regimes))
         self._caps = dict(zip(slots, caps))
         self._cum = {s: [] for s in slots}
@@ -348,6 +355,15 @@ class DraftBudget:
             # decoding of the same minutes (StepRatios)
             self.plain_probes += 1
             return 0
+        if self.use_ways and not self.costs.frozen:
+            plain = self.plain_rate(B)
+            way = self._way = self.ways.choose(B, plain * self.costs.drift if plain else 0.0)
+            if way == "plain":  # neither drafting way realized plain decoding's rate
+                self.declined += 1
+                return 0
+            if way == "full":  # every draft up to the cap, as fixed n_max drafts
+                self._explore = "full"
+                return limit
         loss = self._declining_loss(B, limit, caps, regimes)
         if loss > 0:
             self._n_idle += 1
@@ -629,6 +645,9 @@ class DraftBudget:
             r = tokens / cost * self.costs.drift
             old = self._rate.get(B)
             self._rate[B] = r if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * r
+            if self._way is not None:  # in the speed factor's units, as the rate
+                self.ways.observe(B, self._way, tokens, cost / self.costs.drift)
+        self._way = None
 
     def end_calibration(self) -> None:
         """After the start-up calibration (forced lengths): forget the lengths chosen and
@@ -638,6 +657,7 @@ class DraftBudget:
         self.forced_pairs = False
         self.costs.settle()
         self.ratios.settle()
+        self.ways = DraftWays()
         self.chosen = [0] * (self.n_max + 1)
         self.declined = self.plain_probes = 0
         self._loss_key = None
@@ -652,6 +672,7 @@ class DraftBudget:
                 "costs_ms": self.costs.to_dict(),
                 "cost_drift": round(self.costs.drift, 4),
                 "step_ratios": self.ratios.to_dict(),
+                "ways": self.ways.to_dict(),
                 "rate_tokens_per_ms": {str(b): round(r / self.costs.drift, 5)
                                        for b, r in sorted(self._rate.items())},
                 "calibration": self.acceptance.report()}

@@ -1,0 +1,107 @@
+"""Which way the draft budget drafts at a batch size, chosen by what each way realized.
+
+The budget's gate (:class:`~pyggspec.speculative.adaptive.DraftBudget`) prices every
+draft from the head's confidence and measured step costs: a model, right on average and
+wrong at the margins. Where a few percent decide, its errors went one way per host: on
+the AVX2 bench host (AMD EPYC, 2 cores) a one-draft step costs 1.7-1.9 plain steps and
+yields ~1.7 tokens, so the gate's one- and two-draft steps lost to plain decoding while
+drafting to the cap gained 20% (Q8_0 ~0.70 ``-np 1``: the default 0.965 of fixed n_max 3
+in one process, and in another it declined 125 of 129 steps -- 0.78 of n_max 3); on the
+AVX-512 host at Q8_0 ~0.70 ``-np 4`` it drafted where plain decoding was as fast.
+
+So three ways are kept apart and the one that realizes the most tokens per millisecond is
+used: ``gate`` (the budget's per-draft gate, declining included), ``full`` (every draft up
+to the cap verified: fixed n_max's way) and ``plain`` (no drafting; its rate is plain
+decoding's price, known without trying it). Each drafting way's rate is the tokens its
+recent steps yielded over what those steps cost (the budget's prices of their shapes,
+measured side by side with plain steps, so the VM's drift does not favour the way used in
+a fast minute). The way not in use is tried every :data:`EXPLORE` steps while the two are
+within their noise of each other, every :data:`EXPLORE_CLEAR` once one leads clearly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+WINDOW = 48  # recent steps of a way whose yield prices it
+MIN_STEPS = 6  # steps a drafting way needs before it is compared
+EXPLORE = 6  # steps between two of the drafting way not in use, while the ways are close
+EXPLORE_CLEAR = 32  # ... once the way in use leads by more than CLEAR_SE standard errors
+CLEAR_SE = 2.0
+WAYS = ("gate", "full")
+
+
+@dataclass
+class _Way:
+    """One drafting way's recent steps: tokens yielded and their priced cost (ms)."""
+
+    tokens: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    cost: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def rate(self) -> float:
+        """Tokens per ms over the window (a ratio of sums: a long step weighs as long)."""
+        c = sum(self.cost)
+        return sum(self.tokens) / c if c > 0 else 0.0
+
+    def se(self) -> float:
+        """Standard error of :meth:`rate`, from the spread of the steps' own rates."""
+        n = len(self.tokens)
+        if n < 2:
+            return math.inf
+        r = [t / c for t, c in zip(self.tokens, self.cost) if c > 0]
+        m = sum(r) / len(r)
+        var = sum((x - m) ** 2 for x in r) / (len(r) - 1)
+        return math.sqrt(var / len(r))
+
+
+class DraftWays:
+    """Per batch size: the drafting way in use and what each realized."""
+
+    def __init__(self) -> None:
+        self._ways: dict[int, dict[str, _Way]] = {}
+        self._since: dict[int, int] = {}  # steps since the way not in use was tried
+        self._turn: dict[int, int] = {}  # which way is tried next while exploring
+
+    def choose(self, B: int, plain_rate: float) -> str:
+        """The way of the next step at batch size ``B``: "gate", "full" or "plain"
+        (``plain_rate``: plain decoding's tokens per ms there)."""
+        ways = self._ways.setdefault(B, {w: _Way() for w in WAYS})
+        short = [w for w in WAYS if len(ways[w]) < MIN_STEPS]
+        if short:  # both drafting ways measured first, taking turns
+            return min(short, key=lambda w: len(ways[w]))
+        rates = {w: ways[w].rate() for w in WAYS}
+        best = max(rates, key=rates.get)
+        other = WAYS[1 - WAYS.index(best)]
+        if rates[best] > plain_rate:
+            use = best  # clear: ahead of the other drafting way beyond their noise
+            clear = (rates[best] - rates[other]
+                     > CLEAR_SE * math.hypot(ways[best].se(), ways[other].se()))
+        else:
+            use = "plain"  # clear: both drafting ways behind plain decoding beyond noise
+            clear = plain_rate - rates[best] > CLEAR_SE * ways[best].se()
+        since = self._since.get(B, 0) + 1
+        if since >= (EXPLORE_CLEAR if clear else EXPLORE):
+            self._since[B] = 0
+            if use == "plain":  # both drafting ways lose: try them in turn
+                t = self._turn[B] = 1 - self._turn.get(B, 0)
+                return WAYS[t]
+            return other
+        self._since[B] = since
+        return use
+
+    def observe(self, B: int, way: str, tokens: int, cost: float) -> None:
+        """A step of ``way`` at batch size ``B`` yielded ``tokens`` for a priced ``cost``."""
+        if way not in WAYS or cost <= 0:
+            return
+        w = self._ways.setdefault(B, {v: _Way() for v in WAYS})[way]
+        w.tokens.append(tokens)
+        w.cost.append(cost)
+
+    def to_dict(self) -> dict:
+        return {str(B): {w: {"steps": len(v), "tokens_per_ms": round(v.rate(), 5)}
+                         for w, v in ways.items()} for B, ways in sorted(self._ways.items())}
