@@ -106,8 +106,10 @@ def test_a_draft_not_made_yet_is_predicted_from_what_followed_the_last_ones():
 
 def budget(c: CostModel, n_max: int = 3, model: AcceptanceModel | None = None,
            explore: int = 0) -> DraftBudget:
-    return DraftBudget(n_max, c, padded_rows, model, explore_every=explore,
-                       idle_explore_every=explore, explore_share=0)
+    b = DraftBudget(n_max, c, padded_rows, model, explore_every=explore,
+                    idle_explore_every=explore, explore_share=0)
+    b.use_ways = False  # the gate's own choices (the ways: tests/test_draft_ways.py)
+    return b
 
 
 def run_step(b: DraftBudget, confs: list[float], slot: int = 0) -> int:

@@ -124,6 +124,7 @@ def test_drafting_is_priced_against_plain_decoding_of_the_same_minutes():
         c.observe("verify", 1, rows, ms)  # one sequence's graphs: the shapes between
     b = DraftBudget(3, c, padded_rows, acc, explore_every=0, idle_explore_every=0,
                     explore_share=0)
+    b.use_ways = False  # the gate's own pricing (the ways: tests/test_draft_ways.py)
     clock = Clock()
     b.ratios = StepRatios(clock)
     for _ in range(3):
