@@ -357,7 +357,9 @@ class DraftBudget:
             return 0
         if self.use_ways and not self.costs.frozen:
             plain = self.plain_rate(B)
-            way = self._way = self.ways.choose(B, plain * self.costs.drift if plain else 0.0)
+            cost = self.step_cost(B, 1)
+            way = self._way = self.ways.choose(B, plain * self.costs.drift if plain else 0.0,
+                                               cost / self.costs.drift if cost else 0.0)
             if way == "plain":  # neither drafting way realized plain decoding's rate
                 self.declined += 1
                 return 0
