@@ -48,13 +48,14 @@ def test_plain_when_no_drafting_way_pays():
     chosen = _run(ways, 1000, {"gate": [1, 2], "full": [1, 2]}, 0.02, rng, plain_cost=50.0)
     late = chosen[100:]
     assert late.count("plain") > 0.98 * len(late)
-    # both drafting ways lose clearly: tried in turn, so rarely that the tries lose at
-    # most EXPLORE_SHARE of the time (a try: 100 ms yielding 1.5 tokens where plain
-    # decoding yields 2, a quarter of it lost)
+    # both drafting ways lose clearly: tried in turn, so rarely that the tries lose about
+    # EXPLORE_SHARE of the time (a try: 100 ms yielding 1.5 tokens where plain decoding
+    # yields 2, a quarter of it lost; priced at the way's rate one standard error up, a
+    # little less, so somewhat more often)
     tried = [w for w in late if w != "plain"]
     assert {"gate", "full"} <= set(tried)
     lost = len(tried) * 100.0 * 0.25
-    assert lost <= arms.EXPLORE_SHARE * 50.0 * len(late) * 1.2
+    assert lost <= 2 * arms.EXPLORE_SHARE * 50.0 * len(late)
 
 
 def test_close_ways_are_tried_more_often_than_clear_ones():

@@ -18,10 +18,13 @@ measured side by side with plain steps, so the VM's drift does not favour the wa
 a fast minute). A drafting way not in use is tried again after as many steps as keep
 what those tries lose below :data:`EXPLORE_SHARE` of the time -- at least
 :data:`EXPLORE` steps, at most :data:`EXPLORE_CLOSE` while the two are within their noise
-of each other, :data:`EXPLORE_MAX` once the one in use leads clearly. Tried every 6 or 32
-steps whatever they cost, the ways cost 1.5% more than the gate alone at Q4_K_M ~0.70
-``-np 4`` on the AVX2 host, where plain decoding was best and a step drafting to the cap
-cost 2.5 plain steps for 2.2 tokens per sequence.
+of each other (x 4: the loss is priced at the way's rate one standard error up, so a way
+within noise of the one in use costs nothing to try and is tried every :data:`EXPLORE`
+steps), :data:`EXPLORE_MAX` once the one in use leads clearly. Tried every 6 or 32 steps
+whatever they cost, the ways cost 1.5% more than the gate alone at Q4_K_M ~0.70 ``-np 4``
+on the AVX2 host, where plain decoding was best and a step drafting to the cap cost 2.5
+plain steps for 2.2 tokens per sequence; with waits capped at 32 while within noise
+(the cap's steps are noisy: 4 to 16 tokens), 3.6%.
 """
 
 from __future__ import annotations
@@ -100,11 +103,13 @@ class DraftWays:
             clear = plain_rate - rates[best] > CLEAR_SE * ways[best].se()
             tried = ways[best]
             use_rate, use_cost = plain_rate, plain_cost or tried.step_cost()
-        # the time a try loses (its cost, at the share of the rate it falls short by),
-        # spread over the steps between tries
-        loss = tried.step_cost() * max(0.0, 1.0 - tried.rate() / use_rate) if use_rate else 0.0
+        # the time a try loses (its cost, at the share of the rate it falls short by --
+        # optimistically: its rate one standard error up), spread over the steps between
+        # tries; none lost when that rate reaches the one in use: tried soon
+        hope = tried.rate() + (tried.se() if math.isfinite(tried.se()) else 0.0)
+        loss = tried.step_cost() * max(0.0, 1.0 - hope / use_rate) if use_rate else 0.0
         wait = loss / (EXPLORE_SHARE * use_cost) if use_cost > 0 else EXPLORE
-        wait = min(max(wait, EXPLORE), EXPLORE_MAX if clear else EXPLORE_CLOSE)
+        wait = min(max(wait, EXPLORE), EXPLORE_MAX if clear else EXPLORE_CLOSE * 4)
         since = self._since.get(B, 0) + 1
         if since >= wait:
             self._since[B] = 0
