@@ -36,7 +36,10 @@ a drafting step is priced in plain steps of its batch size run beside it
 plain step now and then for that), so drafting and plain decoding are compared within
 one minute, never across minutes of another speed.
 Every ``explore_every`` drafting steps one draft past the budget's stop is verified, so
-confidence bins and positions it would skip stay measured.
+confidence bins and positions it would skip stay measured. Above all this, the way a step
+drafts -- this gate, every draft to the cap, or not at all -- is the one whose recent steps
+realized the most (:class:`~pyggspec.speculative.arms.DraftWays`): the gate's model errs
+at the margins, one way per machine.
 """
 
 from __future__ import annotations
