@@ -236,10 +236,10 @@ static void pyggspec_copy_stream(char * dst, const char * src, size_t n) {
 }
 
 /* Copy n byte ranges between tensors' data: range i is size[i] bytes from src[i] at
- * byte offset src_off[i] to dst[i] at dst_off[i] (tensors passed as addresses). Speculative
- * rollback uses it: a verify graph keeps every token's recurrent-state snapshot in its
- * compute buffer and only the one each sequence needs is copied into its state row (a
- * graph writing all of them into the cache moved three times the bytes). Host buffers are
+ * byte offset src_off[i] to dst[i] at dst_off[i] (tensors passed as addresses). Snapshot
+ * rollback uses it to move a slot's recurrent state out of the state arena into its own
+ * row (every layer of every such slot in one call) before a verify graph that does not
+ * read it overwrites the arena. Host buffers are
  * memcpy'd; a device side goes through the backend (tensor set/get, or a device copy on
  * stack views of the ranges). One thread: on the 2-core bench host two threads copied
  * no faster (the copy is bound by memory bandwidth). Returns 0, or -1-i when range i is

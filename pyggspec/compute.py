@@ -95,7 +95,7 @@ class GraphOptions:
         one token (plain decoding)."""
         if not self.spec:
             return 1
-        return max(padded_rows(self.spec_n_max + 1, B) for B in range(1, self.n_parallel + 1))
+        return most_verify_rows(self.n_parallel, self.spec_n_max)
 
     @property
     def planes(self) -> int:
@@ -111,7 +111,7 @@ class GraphOptions:
         batch has, ``n_parallel`` sequences x the longest padded verify."""
         if not self.spec or self.rollback != "snapshot":
             return 0
-        return most_verify_rows(self.n_parallel, self.spec_n_max)
+        return self.n_parallel * self.step_rows
 
     def target_shapes(self) -> list[UBatchShape]:
         n, cells, spec = self.n_parallel, self.kv_cells, self.spec
@@ -133,7 +133,7 @@ class GraphOptions:
             return []
         n, cells = self.n_parallel, self.kv_cells
         # catch-up after a verify: the accepted drafts + the new token, padded
-        catch_up = max(padded_rows(self.spec_n_max + 1, B) for B in range(1, n + 1))
+        catch_up = self.step_rows
         T = catch_up_rows(min(self.n_ubatch, self.n_ctx), n)  # prompt warm-up chunk
         return [MtpShape(max(T, catch_up), n, cells, n, self.device_argmax, self.draft_vocab)]
 

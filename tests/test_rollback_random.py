@@ -77,6 +77,15 @@ def test_random_runs_identical(engines):
     assert partial > N_RUNS // 4  # the comparison above really ran
 
 
+def _assert_same_state(e: Engine, plain: Engine, what: str) -> None:
+    """Slot 0's recurrent rows (conv and SSM, every layer) in ``e`` equal ``plain``'s."""
+    a, b = e.rs.snapshot(0), plain.rs.snapshot(0)
+    for key in b.data:
+        np.testing.assert_allclose(np.frombuffer(a.data[key], np.float32),
+                                   np.frombuffer(b.data[key], np.float32),
+                                   rtol=1e-5, atol=1e-6, err_msg=f"{what} {key}")
+
+
 @pytest.mark.parametrize("arch", ["dense", "moe"])
 @pytest.mark.parametrize("rb", ["snapshot", "checkpoint"])
 def test_state_after_each_step_equals_plain(engines, arch, rb):
@@ -103,11 +112,7 @@ def test_state_after_each_step_equals_plain(engines, arch, rb):
         plain.eval(target_tokens[len(committed):], 0)
         committed = target_tokens
         assert plain.seq_len(0) == n
-        a, b = e.rs.snapshot(0), plain.rs.snapshot(0)
-        for key in b.data:
-            np.testing.assert_allclose(np.frombuffer(a.data[key], np.float32),
-                                       np.frombuffer(b.data[key], np.float32),
-                                       rtol=1e-5, atol=1e-6, err_msg=f"step {steps} {key}")
+        _assert_same_state(e, plain, f"step {steps}")
         for il in e.kv.layers:
             ka = e.kv.cells(e.kv.k(il), 0, n)
             kb = plain.kv.cells(plain.kv.k(il), 0, n)
@@ -141,11 +146,7 @@ def test_arena_state_survives_other_verifies(engines, arch):
     assert list(e.worker.memory.tokens(0)) == tokens0
     plain.clear(0)
     plain.eval(tokens0, 0)
-    a, b = e.rs.snapshot(0), plain.rs.snapshot(0)
-    for key in b.data:
-        np.testing.assert_allclose(np.frombuffer(a.data[key], np.float32),
-                                   np.frombuffer(b.data[key], np.float32),
-                                   rtol=1e-5, atol=1e-6, err_msg=str(key))
+    _assert_same_state(e, plain, "after other verifies")
 
 
 def test_failed_verify_leaves_consistent_slots(engines, monkeypatch):

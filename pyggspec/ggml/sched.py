@@ -18,7 +18,7 @@ from pyggspec.errors import DeviceError
 from pyggspec.ggml import _lib
 from pyggspec.ggml.context import Context, GraphError
 from pyggspec.ggml.device import Backend
-from pyggspec.ggml.tensor import Tensor, place
+from pyggspec.ggml.tensor import Tensor, place, place_again
 
 log = logging.getLogger("pyggspec.devices")
 _PROBE_CAP = 64
@@ -51,21 +51,19 @@ class Graph:
         self.ptr = ptr
         self.size = size
         self.outputs = list(outputs)
-        # nodes that live in memory outside the compute buffer: (node, base tensor, byte
-        # offset), placed again whenever the graph is allocated (:meth:`pin`)
-        self.pins: list[tuple[Tensor, Tensor, int]] = []
+        # nodes that live in memory outside the compute buffer (:meth:`pin`), placed
+        # again whenever the graph is allocated
+        self.pins: list[tuple] = []
         for t in self.outputs:
             self.expand(t)
 
     def pin(self, t: Tensor, base: Tensor, offset: int) -> None:
         """Let node ``t`` be computed straight into ``base`` at byte ``offset`` (see
         :func:`~pyggspec.ggml.tensor.place`), now and after every allocation."""
-        place(t, base, offset)
-        self.pins.append((t, base, offset))
+        self.pins.append(place(t, base, offset))
 
     def place_pins(self) -> None:
-        for t, base, offset in self.pins:
-            place(t, base, offset)
+        place_again(self.pins)
 
     def expand(self, t: Tensor) -> None:
         # ggml aborts when the graph is full: check with margin for the new subgraph.

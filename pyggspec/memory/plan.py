@@ -102,7 +102,7 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
     planes = 2 if spec and rollback != "snapshot" else 1
     arena = 0
     if spec and rollback == "snapshot":
-        arena = most_verify_rows(n_parallel, spec_n_max)
+        arena = n_parallel * most_verify_rows(n_parallel, spec_n_max)
     rows, _ = arena_layout(n_parallel, planes, arena, hp.ssm_d_inner, hp.n_embd_s)
     for il in range(hp.n_layer):
         dev = layer_devices[il]

@@ -31,10 +31,11 @@ def padded_rows(T: int, B: int) -> int:
 
 
 def most_verify_rows(n_parallel: int, n_max: int) -> int:
-    """How many states after verify tokens the snapshot arena holds: ``n_parallel``
-    sequences x the most padded rows any batch size gives one (a bound on every verify
-    batch, and the shape the per-step graphs of several devices are sized with)."""
-    return n_parallel * max(padded_rows(n_max + 1, B) for B in range(1, n_parallel + 1))
+    """Rows per sequence of the longest verify batch: the most padded rows any batch size
+    up to ``n_parallel`` gives a sequence with ``n_max`` drafts. ``n_parallel`` times it
+    bounds every verify batch (the snapshot arena; the per-step graphs of several devices
+    are sized with that shape)."""
+    return max(padded_rows(n_max + 1, B) for B in range(1, n_parallel + 1))
 
 
 MTP_NO_PAD_ROWS = 64  # MTP catch-up batches this long (prompt warm-up) are not padded

@@ -359,10 +359,9 @@ class DraftBudget:
             self.plain_probes += 1
             return 0
         if self.use_ways and not self.costs.frozen:
-            plain = self.plain_rate(B)
-            cost = self.step_cost(B, 1)
-            way = self._way = self.ways.choose(B, plain * self.costs.drift if plain else 0.0,
-                                               cost / self.costs.drift if cost else 0.0)
+            plain, f = self.plain_rate(B), self.costs.drift  # (tokens per ms: B / cost)
+            way = self._way = self.ways.choose(B, plain * f if plain else 0.0,
+                                               B / plain / f if plain else 0.0)
             if way == "plain":  # neither drafting way realized plain decoding's rate
                 self.declined += 1
                 return 0
