@@ -78,3 +78,18 @@ def test_batch_sizes_are_kept_apart():
     assert ways.to_dict()["4"]["full"]["steps"] == arms.WINDOW
     assert ways.choose(1, 0.0) in ("gate", "full")  # batch size 1: measured first
     assert "1" in ways.to_dict()
+
+
+def test_with_plain_in_use_each_drafting_way_waits_its_own_time():
+    rng = np.random.default_rng(4)
+    ways = DraftWays()
+    # plain decoding: 1 token per 50 ms (0.02). The gate within noise of it (2 tokens per
+    # 100 ms on average), the cap's way clearly behind (1 per 100 ms): the gate is tried
+    # often, the cap's way as rarely as its loss allows -- not in turn with the gate
+    chosen = _run(ways, 1200, {"gate": [1, 2, 3], "full": [1]}, 0.02, rng, plain_cost=50.0)
+    late = chosen[200:]
+    assert late.count("gate") >= len(late) // (arms.EXPLORE_CLOSE * 4)
+    # a try of the cap's way loses half of its 100 ms: one per 50 / (EXPLORE_SHARE / 2 * 50)
+    # steps (the two ways share the budget), capped at EXPLORE_MAX
+    assert late.count("full") <= len(late) // arms.EXPLORE_MAX + 1
+    assert late.count("gate") > 3 * late.count("full")
