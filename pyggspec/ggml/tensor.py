@@ -274,4 +274,4 @@ def place_again(entries: list[tuple]) -> None:
         if addr == null:
             p.buffer = buf
         elif alloc(buf, p, addr) != ok:
-            raise ValueError("cannot place a graph node in its state tensor")
+            raise ValueError(f"cannot place {ffi.string(p.name).decode()} in its state tensor")

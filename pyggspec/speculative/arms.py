@@ -73,14 +73,14 @@ class _Way:
         return math.sqrt(var / len(r))
 
 
-def _wait(tried: _Way, use_rate: float, use_cost: float, clear: bool,
-          share: float = EXPLORE_SHARE) -> float:
+def _wait(tried: _Way, use_rate: float, use_cost: float, clear: bool, share: float) -> float:
     """Steps between two tries of the drafting way ``tried`` against the way in use
     (``use_rate`` tokens per ms, ``use_cost`` ms a step): the time a try loses (its cost,
     at the share of the rate it falls short by -- optimistically: its rate one standard
     error up), spread over the steps between tries so that it is ``share`` of the time;
     none lost when that rate reaches the one in use: tried soon."""
-    hope = tried.rate() + (tried.se() if math.isfinite(tried.se()) else 0.0)
+    se = tried.se()  # (a pass over the window: once)
+    hope = tried.rate() + (se if math.isfinite(se) else 0.0)
     loss = tried.step_cost() * max(0.0, 1.0 - hope / use_rate) if use_rate else 0.0
     wait = loss / (share * use_cost) if use_cost > 0 else EXPLORE
     return min(max(wait, EXPLORE), EXPLORE_MAX if clear else EXPLORE_CLOSE * 4)
@@ -103,9 +103,8 @@ class DraftWays:
             return min(short, key=lambda w: len(ways[w]))
         rates = {w: ways[w].rate() for w in WAYS}
         best = max(rates, key=rates.get)
-        other = WAYS[1 - WAYS.index(best)]
         if rates[best] > plain_rate:
-            use = best
+            use, other = best, WAYS[1 - WAYS.index(best)]
             use_rate, use_cost = rates[best], ways[best].step_cost()
             # clear: ahead of the other drafting way beyond their noise
             tries = [(other, rates[best] - rates[other]
