@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pyggspec.speculative.arms import DraftWays
+from pyggspec.speculative.arms import WAYS, DraftWays
 from pyggspec.speculative.calibration import AcceptanceModel
 from pyggspec.speculative.step_ratios import StepRatios
 
@@ -212,7 +212,7 @@ class DraftBudget:
         self.ratios = StepRatios()
         # the way each step drafts (the gate, every draft to the cap, or none), by what
         # each realized (not with pinned costs: tests of the gate alone)
-        self.ways = DraftWays()
+        self.ways = self._new_ways()
         self.use_ways = True  # False: the gate alone decides (as before the ways)
         self._way: str | None = None  # this step's way (None: calibration, probes)
         self.explore_every = explore_every  # drafting steps between two that go one deeper
@@ -365,9 +365,9 @@ class DraftBudget:
             if way == "plain":  # neither drafting way realized plain decoding's rate
                 self.declined += 1
                 return 0
-            if way == "full":  # every draft up to the cap, as fixed n_max drafts
-                self._explore = "full"
-                return limit
+            if way in ("full", "short"):  # every draft up to the cap (or one below it),
+                self._explore = "full"      # as fixed n_max drafts
+                return limit if way == "full" else max(1, limit - 1)
         loss = self._declining_loss(B, limit, caps, regimes)
         if loss > 0:
             self._n_idle += 1
@@ -649,9 +649,14 @@ class DraftBudget:
             r = tokens / cost * self.costs.drift
             old = self._rate.get(B)
             self._rate[B] = r if old is None else RATE_DECAY * old + (1 - RATE_DECAY) * r
-            if self._way is not None:  # in the speed factor's units, as the rate
-                self.ways.observe(B, self._way, tokens, cost / self.costs.drift)
+        # every step, the ways' too (in the speed factor's units, as the rate): a way's
+        # first step after another's is not counted (arms.DraftWays.observe)
+        self.ways.observe(B, self._way, tokens, cost / self.costs.drift if cost else 0.0)
         self._way = None
+
+    def _new_ways(self) -> DraftWays:
+        """The drafting ways to choose among: one below the cap too where that drafts."""
+        return DraftWays(WAYS if self.n_max >= 2 else tuple(w for w in WAYS if w != "short"))
 
     def end_calibration(self) -> None:
         """After the start-up calibration (forced lengths): forget the lengths chosen and
@@ -661,7 +666,7 @@ class DraftBudget:
         self.forced_pairs = False
         self.costs.settle()
         self.ratios.settle()
-        self.ways = DraftWays()
+        self.ways = self._new_ways()
         self.chosen = [0] * (self.n_max + 1)
         self.declined = self.plain_probes = 0
         self._loss_key = None
