@@ -87,15 +87,17 @@ class _Way:
         return math.sqrt(var / len(r))
 
 
-def _wait(tried: _Way, use_rate: float, use_cost: float, clear: bool, share: float) -> float:
-    """Steps between two tries of the drafting way ``tried`` against the way in use
-    (``use_rate`` tokens per ms, ``use_cost`` ms a step): the time a try loses (its cost,
-    at the share of the rate it falls short by -- optimistically: its rate one standard
-    error up), spread over the steps between tries so that it is ``share`` of the time;
-    none lost when that rate reaches the one in use: tried soon."""
-    se = tried.se()  # (a pass over the window: once)
-    hope = tried.rate() + (se if math.isfinite(se) else 0.0)
-    loss = tried.step_cost() * max(0.0, 1.0 - hope / use_rate) if use_rate else 0.0
+def _wait(tried: tuple[float, float, float], use_rate: float, use_cost: float, clear: bool,
+          share: float) -> float:
+    """Steps between two tries of the drafting way whose (rate, standard error, step cost)
+    are ``tried`` against the way in use (``use_rate`` tokens per ms, ``use_cost`` ms a
+    step): the time a try loses (its cost, at the share of the rate it falls short by --
+    optimistically: its rate one standard error up), spread over the steps between tries
+    so that it is ``share`` of the time; none lost when that rate reaches the one in use:
+    tried soon."""
+    rate, se, step_cost = tried
+    hope = rate + (se if math.isfinite(se) else 0.0)
+    loss = step_cost * max(0.0, 1.0 - hope / use_rate) if use_rate else 0.0
     wait = loss / (share * use_cost) if use_cost > 0 else EXPLORE
     return min(max(wait, EXPLORE), EXPLORE_MAX if clear else EXPLORE_CLOSE * 4)
 
@@ -125,29 +127,30 @@ class DraftWays:
                 del self._run[B]
             return way
         ways = self._ways.setdefault(B, {w: _Way() for w in self.names})
-        short = [w for w in self.names if len(ways[w]) < MIN_STEPS]
-        if short:  # the drafting ways measured first, a try each in turn
-            return self._try(B, min(short, key=lambda w: len(ways[w])))
-        rates = {w: ways[w].rate() for w in self.names}
+        unmeasured = [w for w in self.names if len(ways[w]) < MIN_STEPS]
+        if unmeasured:  # the drafting ways measured first, a try each in turn
+            return self._try(B, min(unmeasured, key=lambda w: len(ways[w])))
+        # each way's (rate, standard error, step cost): one pass over its window a step
+        st = {w: (ways[w].rate(), ways[w].se(), ways[w].step_cost()) for w in self.names}
+        rates = {w: v[0] for w, v in st.items()}
         best = max(rates, key=rates.get)
         if rates[best] > plain_rate:
-            use, use_rate, use_cost = best, rates[best], ways[best].step_cost()
-            se = ways[best].se()
+            use, use_rate, use_cost = best, rates[best], st[best][2]
             # clear: ahead of the other drafting way beyond their noise
-            tries = [(w, rates[best] - rates[w] > CLEAR_SE * math.hypot(se, ways[w].se()))
+            tries = [(w, rates[best] - rates[w] > CLEAR_SE * math.hypot(st[best][1], st[w][1]))
                      for w in self.names if w != best]
         else:
             use = "plain"
-            use_rate, use_cost = plain_rate, plain_cost or ways[best].step_cost()
+            use_rate, use_cost = plain_rate, plain_cost or st[best][2]
             # each drafting way tried at its own wait: in turn at the closer one's wait,
             # the cap's way (4 rows a sequence, clearly behind) rode along with the gate
             # (its rate counts its declined steps, so within noise of plain): tried every
             # ~21 steps, ~2.5% of the time at Q4_K_M ~0.70 -np 4 (row 79)
-            tries = [(w, plain_rate - rates[w] > CLEAR_SE * ways[w].se()) for w in self.names]
+            tries = [(w, plain_rate - rates[w] > CLEAR_SE * st[w][1]) for w in self.names]
         due, share = None, EXPLORE_SHARE / len(tries)  # the ways' tries share the budget
         for w, clear in tries:
             since = self._since.get((B, w), 0) + 1
-            wait = TRY_STEPS * _wait(ways[w], use_rate, use_cost, clear, share)
+            wait = TRY_STEPS * _wait(st[w], use_rate, use_cost, clear, share)
             if due is None and since >= wait:
                 due, since = w, 0  # (another way due waits for the next step)
             self._since[(B, w)] = since
