@@ -24,7 +24,6 @@ from pyggspec.memory import KVCache, RecurrentState, SlotMemory
 from pyggspec.memory.plan import graph_options, planned_n_ctx
 from pyggspec.memory.recurrent import arena_layout
 from pyggspec.modelfile import open_model
-from pyggspec.models.batch import padded_rows
 from pyggspec.models.qwen35 import Target
 from pyggspec.sampling import graph_sampling
 from pyggspec.sampling.session import SequenceSamplers
@@ -68,7 +67,8 @@ class Parts:
     step_rows: int = 0
     target: Target | None = None
     mtp: Any = None
-    drafter: Any = None
+    drafter: Any = None  # speculative.drafter.Drafters
+    lengths: Any = None  # speculative.lengths.DraftLengths (None: fixed draft lengths)
     memory: SlotMemory | None = None
     samplers: SequenceSamplers | None = None
     closers: list = field(default_factory=list)
@@ -99,7 +99,7 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         cfg.sampling.check_vocab(p.n_vocab)
         spec = cfg.spec
         grafted = False
-        if cfg.speculative and p.model.mtp_file is None:
+        if cfg.uses_mtp and p.model.mtp_file is None:
             if trunk.mtp.status != "grafted":
                 raise PyggspecError(model_path, f"no MTP head (nextn_predict_layers = "
                                     f"{hp.n_layer_nextn}); pass --spec-draft-model "
@@ -119,7 +119,7 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         p.closers.append(p.weights)
         # None: chains in the graph unless the logits are on the CPU (graph_sampling)
         p.backend_sampling = graph_sampling(cfg.backend_sampling, p.placement.output_device)
-        if cfg.speculative and spec.draft_head:
+        if cfg.uses_mtp and spec.draft_head:
             _add_draft_head(p, spec.draft_head)
         # verify/draft batches may run n_max + 2 positions past the committed ones
         kv_cells = graph_options(cfg, hp, None).kv_cells
@@ -139,7 +139,7 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         p.closers.append(p.sched)
         # the MTP head runs on its own scheduler (target and draft graphs never evict
         # each other's allocation)
-        if cfg.speculative:
+        if cfg.uses_mtp:
             p.mtp_sched = BackendScheduler(p.backends)
             p.closers.append(p.mtp_sched)
         p.memory_plan = plan_memory(p)
@@ -153,11 +153,15 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         p.target = Target(hp, p.weights, p.kv, p.rs, p.sched)
         p.target.step_rows = p.step_rows
         p.closers.append(p.target)
-        if cfg.speculative:
+        if cfg.uses_mtp:
             _init_mtp(p, kv_cells)
         p.memory = SlotMemory(p.kv, p.rs, p.mtp_kv)
         if cfg.speculative:
-            p.drafter = _make_drafter(p)
+            p.drafter = _make_drafters(p)
+            if spec.calibrated:
+                from pyggspec.speculative.lengths import DraftLengths
+
+                p.lengths = DraftLengths(spec.n_max, p.drafter.names)
         # compute buffers at their worst case now, so they never grow while generating
         reserve_compute(p.compute, p.target, p.mtp)
         out_dev = get_device(p.placement.output_device)
@@ -180,7 +184,7 @@ def plan_memory(p: Parts):
 
     cfg, hp = p.cfg, p.hp
     mtp_dev = mtp_hp = None
-    if cfg.speculative:
+    if cfg.uses_mtp:
         mtp_dev = p.weights.device_of(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
         mtp_hp = p.model.mtp_file.hparams if p.model.mtp_file is not None else None
     opts = graph_options(cfg, hp, p.rollback)
@@ -289,10 +293,31 @@ def _hot_rows(p: Parts, w) -> int:
                     spec.hot_vocab)
 
 
-def _make_drafter(p: Parts):
+def _make_drafters(p: Parts):
+    """The drafter kinds ``--spec-type`` names, behind the one interface."""
+    from pyggspec.speculative.drafter import Drafters
+
+    spec, kinds = p.cfg.spec, []
+    for name in p.cfg.spec_types:
+        if name == "draft-mtp":
+            kinds.append(_make_mtp_drafter(p))
+        elif name == "ngram-simple":
+            from pyggspec.speculative.ngram_simple import NgramSimple
+
+            kinds.append(NgramSimple(spec.ngram_simple_size_n, spec.ngram_simple_size_m,
+                                     spec.ngram_simple_min_hits))
+        elif name == "ngram-mod":
+            from pyggspec.speculative.ngram_mod import NgramMod
+
+            kinds.append(NgramMod(spec.ngram_mod_n_match, spec.ngram_mod_n_min,
+                                  spec.ngram_mod_n_max))
+    return Drafters(kinds)
+
+
+def _make_mtp_drafter(p: Parts):
     """The drafter over the MTP head, writing its cache lengths through the slots' memory."""
     from pyggspec.models.mtp import MtpWeights
-    from pyggspec.speculative.drafter import MtpDrafter
+    from pyggspec.speculative.mtp import MtpDrafter
 
     cfg = p.cfg
     head_dev = p.weights.device_of(MtpWeights(p.weights, p.hp.n_layer).head_name)
@@ -308,17 +333,3 @@ def _make_drafter(p: Parts):
                       coupled=mode == "coupled", device=head_dev,
                       backend_sampling=chains_in_graph, probabilistic=mode == "probabilistic",
                       hot=hot)
-
-
-def make_policy(worker, cfg: EngineConfig):
-    """The draft-length budget: costs measured now on this device (one sequence of every
-    row count a verify batch can have), refined by every step afterwards; the drafter
-    reports the head's confidence in every draft to it."""
-    from pyggspec.speculative.adaptive import DraftBudget, calibrate
-
-    n_max = cfg.spec.n_max
-    rows = {padded_rows(t, B) * B for B in range(1, cfg.n_parallel + 1)
-            for t in range(1, n_max + 2)}
-    costs = calibrate(worker, sorted(rows))
-    worker.drafter.confidence = True
-    return DraftBudget(n_max, costs, padded_rows)

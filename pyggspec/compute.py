@@ -71,14 +71,15 @@ class GraphOptions:
     n_ctx: int
     n_parallel: int
     n_ubatch: int
-    spec_n_max: int = 0  # > 0: draft-mtp
-    rollback: str | None = None  # "snapshot" | "checkpoint" (draft-mtp)
+    spec_n_max: int = 0  # > 0: speculative (verify graphs of n_max + 1 rows)
+    rollback: str | None = None  # "snapshot" | "checkpoint" (speculative)
     type_k: str = "f16"
     type_v: str = "f16"
     mtp_type_k: str = "f16"
     mtp_type_v: str = "f16"
     device_argmax: bool = True  # MTP drafts: argmax in the graph
     draft_vocab: int = 0
+    mtp: bool = True  # the MTP head drafts (with spec_n_max > 0)
 
     @property
     def spec(self) -> bool:
@@ -129,7 +130,7 @@ class GraphOptions:
         return list(dict.fromkeys(out))
 
     def mtp_shapes(self) -> list[MtpShape]:
-        if not self.spec:
+        if not (self.spec and self.mtp):
             return []
         n, cells = self.n_parallel, self.kv_cells
         # catch-up after a verify: the accepted drafts + the new token, padded
@@ -478,7 +479,7 @@ def predict_compute(model, opts: GraphOptions, placement, mtp_placement=None,
         backends.append(cpu_device().open(n_threads))
         scheds.append(BackendScheduler(backends))
         mtp_sched = mtp_dev = mtp_hp = None
-        if opts.spec:
+        if opts.spec and opts.mtp:
             scheds.append(BackendScheduler(backends))
             mtp_sched = scheds[-1]
             mtp_dev = weights.device_of(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
@@ -486,7 +487,7 @@ def predict_compute(model, opts: GraphOptions, placement, mtp_placement=None,
         layer_devs = {il: get_device(placement.layer_devices[il]) for il in range(hp.n_layer)}
         smp = sampling_sizing(model.trunk.n_vocab, placement, weights, hp.n_layer,
                               backend_sampling=backend_sampling,
-                              coupled_drafts=coupled_drafts and opts.spec,
+                              coupled_drafts=coupled_drafts and opts.spec and opts.mtp,
                               default=sampling or SamplingParams())
         return size_compute(opts, hp, weights, layer_devs, scheds[0], mtp_sched, mtp_hp,
                             mtp_dev, smp)

@@ -27,7 +27,7 @@ class ConfigError(PyggspecError, ValueError):
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """Speculation (``--spec-*``); only read when ``spec_type`` is ``draft-mtp``."""
+    """Speculation (``--spec-*``); only read when ``spec_type`` names a drafter."""
 
     n_max: int = 3  # --spec-draft-n-max
     n_min: int = 0  # --spec-draft-n-min
@@ -38,11 +38,16 @@ class SpecConfig:
     # while they hold the emitted text; None: sized by the weights' memory, 0: off
     hot_vocab: int | None = None
     draft_head: str = ""  # --spec-draft-head: ggml type of a draft-only LM head copy ("": none)
-    # draft lengths chosen per step from the head's confidence and measured costs (n_max
+    # draft lengths chosen per step by the draft-length rule (speculative/lengths.py; n_max
     # the cap): --spec-draft-adaptive (None: the default, on) / --spec-draft-fixed (False)
     adaptive: bool | None = None
-    # drafted tokens generated at start-up to seed the acceptance calibration (0: none)
-    calibrate_tokens: int = 32
+    # n-gram drafters (llama.cpp's --spec-ngram-simple-* / --spec-ngram-mod-* and defaults)
+    ngram_simple_size_n: int = 12  # --spec-ngram-simple-size-n: the n-gram looked up
+    ngram_simple_size_m: int = 48  # --spec-ngram-simple-size-m: the m-gram drafted after it
+    ngram_simple_min_hits: int = 1  # --spec-ngram-simple-min-hits (unused, as in llama.cpp)
+    ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: the n-gram looked up
+    ngram_mod_n_min: int = 48  # --spec-ngram-mod-n-min: fewer hits than this: no draft
+    ngram_mod_n_max: int = 64  # --spec-ngram-mod-n-max: most tokens looked up
     # --spec-draft-sampling: "coupled" draws drafts of sampling chains through the chain with
     # the target's noise for that token; "greedy" takes the head's argmax (llama.cpp);
     # "probabilistic" draws them from the head's top 10 and verifies by p/q rejection
@@ -60,8 +65,14 @@ class SpecConfig:
                                 f"(got n_min={self.n_min}, n_max={self.n_max})")
         if not 0.0 <= self.p_min <= 1.0:
             raise ConfigError("--spec-draft-p-min", f"must be in [0, 1], got {self.p_min}")
-        if self.calibrate_tokens < 0:
-            raise ConfigError(None, f"calibrate_tokens must be >= 0, got {self.calibrate_tokens}")
+        for flag, v, lo in (("--spec-ngram-simple-size-n", self.ngram_simple_size_n, 1),
+                            ("--spec-ngram-simple-size-m", self.ngram_simple_size_m, 1),
+                            ("--spec-ngram-simple-min-hits", self.ngram_simple_min_hits, 1),
+                            ("--spec-ngram-mod-n-match", self.ngram_mod_n_match, 1),
+                            ("--spec-ngram-mod-n-min", self.ngram_mod_n_min, 0),
+                            ("--spec-ngram-mod-n-max", self.ngram_mod_n_max, 0)):
+            if not lo <= v <= 1024:
+                raise ConfigError(flag, f"must be between {lo} and 1024, got {v}")
         if self.draft_vocab < 0:
             raise ConfigError("--spec-draft-vocab", f"must be >= 0, got {self.draft_vocab}")
         if self.hot_vocab is not None and self.hot_vocab < 0:
@@ -76,8 +87,23 @@ class SpecConfig:
 
     @property
     def calibrated(self) -> bool:
-        """Draft lengths from the calibrated budget (the default) rather than fixed."""
+        """Draft lengths from the draft-length rule (the default) rather than fixed."""
         return self.adaptive is not False
+
+
+def spec_kinds(spec_type: str | None) -> tuple[str, ...]:
+    """``--spec-type`` as drafter kinds in their order of preference; one line naming the
+    flag for an unknown kind."""
+    from pyggspec.speculative.drafter import KINDS
+
+    names = [n.strip() for n in (spec_type or "").split(",") if n.strip()]
+    if names in ([], ["none"]):
+        return ()
+    bad = [n for n in names if n not in KINDS]
+    if bad:
+        raise ConfigError("--spec-type", f"unsupported speculative type {bad[0]!r} "
+                          f"(none, {', '.join(KINDS)}, or several joined by commas)")
+    return tuple(k for k in KINDS if k in names)
 
 
 def check_kv_type(flag: str, t: str) -> None:
@@ -113,7 +139,9 @@ class EngineConfig:
     ctx_checkpoints: int = 4  # --ctx-checkpoints: prompt-reuse state copies per slot
     checkpoint_min_step: int = 512  # tokens between two of them
     # speculation
-    spec_type: str | None = None  # --spec-type: None/"none" | "draft-mtp"
+    # --spec-type: None/"none", or drafter kinds joined by commas (speculative/drafter.py
+    # KINDS: ngram-simple, ngram-mod, draft-mtp), kept in their order of preference
+    spec_type: str | None = None
     spec: SpecConfig = field(default_factory=SpecConfig)
     # sampling
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temp=0.0))
@@ -135,24 +163,32 @@ class EngineConfig:
         if self.ctx_checkpoints < 0 or self.checkpoint_min_step < 1:
             raise ConfigError("--ctx-checkpoints", "need ctx_checkpoints >= 0 and "
                                 "checkpoint_min_step >= 1")
-        if self.spec_type not in (None, "none", "draft-mtp"):
-            raise ConfigError("--spec-type", f"unsupported speculative type "
-                                f"{self.spec_type!r} (none, draft-mtp)")
+        kinds = spec_kinds(self.spec_type)
         if not isinstance(self.spec, SpecConfig):
             raise ConfigError(None, "spec must be a SpecConfig")
         if not isinstance(self.sampling, SamplingParams):
             raise ConfigError(None, "sampling must be a SamplingParams")
         # normal forms: one spelling per meaning
         set_ = object.__setattr__
-        set_(self, "spec_type", "draft-mtp" if self.spec_type == "draft-mtp" else None)
+        set_(self, "spec_type", ",".join(kinds) or None)
         set_(self, "n_ubatch", min(self.n_ubatch, self.n_batch))
         set_(self, "override_tensor", tuple(tuple(p) for p in self.override_tensor))
         if self.mtp_path is not None:
             set_(self, "mtp_path", os.fspath(self.mtp_path))
 
     @property
+    def spec_types(self) -> tuple[str, ...]:
+        """The drafter kinds, in their order of preference (empty: no speculation)."""
+        return tuple(self.spec_type.split(",")) if self.spec_type else ()
+
+    @property
     def speculative(self) -> bool:
-        return self.spec_type == "draft-mtp"
+        return self.spec_type is not None
+
+    @property
+    def uses_mtp(self) -> bool:
+        """The MTP head drafts (its weights, cache and graphs are needed)."""
+        return "draft-mtp" in self.spec_types
 
     @property
     def threads(self) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from typing_extensions import Self
 
-from pyggspec.assemble import Parts, assemble, make_policy
+from pyggspec.assemble import Parts, assemble
 from pyggspec.config import EngineConfig, SpecConfig
 from pyggspec.errors import PyggspecError
 from pyggspec.modelfile.identity import model_identity
@@ -48,12 +48,6 @@ from pyggspec.worker import Worker
 
 __all__ = ["Engine", "EngineConfig", "Generation", "Piece", "Result", "SlotFileResult",
            "SpecConfig", "Stream"]
-
-# the start-up calibration's prompt (any ordinary text: the head's confidence is scored on
-# what the model generates after it)
-CALIBRATION_TEXT = "The history of the city begins in the early years of the century, when"
-# plain steps the start-up calibration times at each batch size (three make a median)
-PLAIN_CALIBRATION_STEPS = 3
 
 log = logging.getLogger("pyggspec.engine")
 
@@ -117,8 +111,6 @@ class Engine:
         self._parts: Parts = assemble(self.model_path, cfg)
         try:
             self.worker = Worker(self._parts)
-            if cfg.speculative and cfg.spec.calibrated:
-                self.worker.policy = make_policy(self.worker, cfg)
             self.tokenizer = None
             if cfg.load_tokenizer:
                 from pyggspec.tokenizer import Tokenizer
@@ -131,55 +123,11 @@ class Engine:
                     cfg.speculative, cfg.spec.n_max, cfg.ctx_checkpoints,
                     cfg.checkpoint_min_step),
                 self.tokenizer, self.memory)
-            if self.worker.policy is not None and cfg.spec.calibrate_tokens:
-                self._calibrate_acceptance(cfg.spec.calibrate_tokens)
             for s in range(cfg.n_parallel):
                 self.worker.clear(s)
         except BaseException:
             self._parts.close()
             raise
-
-    def _calibrate_acceptance(self, n: int) -> None:
-        """Seed the draft-length budget before the first request, with the engine's default
-        sampling (the regime most requests will draft in) from a fixed prompt:
-
-        * drafting to the cap and verifying every draft, ``n`` tokens for one sequence and,
-          with ``n_parallel`` > 1, for every slot at once: the confidences the head shows
-          are scored and drafting steps timed at both batch sizes, each drafting step
-          followed by a plain one it is priced against (``forced_pairs``);
-        * :data:`PLAIN_CALIBRATION_STEPS` plain steps at every batch size up to
-          ``n_parallel`` -- requests that end that many steps apart, so the batch passes
-          through each size after one prompt pass: what drafting is compared with.
-          Measured in the first request instead (the budget drafts at a batch size only
-          once plain decoding there is known), its probe steps cost the Q8_0 ~0.95 bench
-          model ~2% of a four-sequence request that drafts nearly every step.
-
-        Nothing of it stays: the slots are cleared, the engine's counts start at zero, and
-        each shape's start-up timings weigh as one (the process's first seconds can be
-        slow)."""
-        policy = self.worker.policy
-        if self.tokenizer is not None:
-            prompt = self.tokenizer.tokenize(CALIBRATION_TEXT)[:16] or [0]
-        else:
-            prompt = [(7 + 13 * i) % self.n_vocab for i in range(8)]
-        room = self.n_ctx - len(prompt) - self.spec.n_max - 1
-        n = min(n, room)
-        if n <= 0:
-            return
-        # distinct prompts (shorter by one token each), so the slots' drafts differ
-        batch = [prompt[: max(1, len(prompt) - i)] for i in range(self.n_parallel)]
-        steps = PLAIN_CALIBRATION_STEPS
-        try:
-            policy.forced, policy.forced_pairs = self.spec.n_max, True
-            self.generate(batch[0], max_tokens=n, ignore_eos=True)
-            if self.n_parallel > 1:  # (prompts join one a step: the batch ramps up)
-                self.generate_batch(batch, max_tokens=n, ignore_eos=True)
-            policy.forced = 0
-            lengths = [min(1 + steps * (i + 1), room) for i in range(self.n_parallel)]
-            self._collect(self._submit_all(batch, lengths, True, None), time.perf_counter())
-        finally:
-            policy.end_calibration()
-            self.scheduler.stats = SpecStats()
 
     # --- the step ----------------------------------------------------------------------------
     def step(self) -> bool:
@@ -216,7 +164,8 @@ class Engine:
     mtp = property(lambda self: self._parts.mtp)
     drafter = property(lambda self: self._parts.drafter)
     samplers = property(lambda self: self._parts.samplers)
-    draft_policy = property(lambda self: self.worker.policy)
+    draft_lengths = property(lambda self: self.worker.lengths,
+                             doc="the draft-length rule (None: fixed lengths)")
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:

@@ -140,12 +140,12 @@ def _inspect_opened(path: str | os.PathLike, model: Any, cfg: EngineConfig, auto
         report["warnings"].append(warn_repack)
     if auto_spec and not cfg.speculative and owner is not None:
         cfg = cfg.replace(spec_type="draft-mtp")
-    if cfg.speculative and owner is None:
+    if cfg.uses_mtp and owner is None:
         raise PyggspecError(path, "no MTP head (nextn_predict_layers = 0); pass --mtp "
                             "mtp-….gguf to plan speculation")
     n_max = cfg.spec.n_max if cfg.speculative else 0
     mtp_dev = None
-    if n_max:
+    if cfg.uses_mtp:
         blk = trunk.hparams.n_layer
         mtp_dev = (p_mtp or p_trunk).tensor_devices.get(f"blk.{blk}.nextn.eh_proj.weight")
     if n_ctx_run < cfg.n_ctx:

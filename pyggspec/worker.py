@@ -5,17 +5,17 @@ It returns what the target chose and never decides that a sequence is finished (
 scheduler's update does). One speculative step (:meth:`Worker._speculative`), as small
 functions with plain inputs and outputs::
 
-    caps = self._draft_lengths(items)             # the scheduler's caps (budget: or 0)
-    drafts = self._draft(items, caps)             # MTP: owed pairs + pending, then drafts
-                                                  # (the budget gates each one: confidence)
+    caps = self.lengths.lengths(B)                # the draft-length rule: drafts per kind
+    drafts = self.drafter.draft(items, ...)        # speculative/drafter.py: first kind wins
     ub = self._verify_batch(items, drafts)        # [pending, d1..dk] per sequence, padded
     choose = self._verify(ub)                     # one target graph: choose(b, i)
     for each sequence b:
         choices, n, stop = accept(drafts[b], choose, is_stop)  # pure (speculative/verify)
-        self._accepted(...)                        # chains, drafter, budget learn
+        self._accepted(...)                        # chains, drafter, rule learn
         self._commit(slot, [pending, *drafts[b][:n]], planes)  # SlotMemory (or replay):
                                                   # snapshots: the state's arena row
-        self.drafter.after_verify(slot, committed, hidden)     # the MTP carry-over
+        self.drafter.committed(slot, committed, hidden)        # e.g. the MTP carry-over
+    self.lengths.observe_step(B, kind, k, ms)     # what the step cost
 
 The worker also offers the low-level evaluation behind ``Engine.decode/eval/decode_token``.
 """
@@ -47,7 +47,7 @@ from pyggspec.serving.sequence import (
     StepOutput,
     TokenLogprob,
 )
-from pyggspec.speculative.drafter import OWED_PAIRS_MAX
+from pyggspec.speculative.drafter import DraftItem
 from pyggspec.speculative.rejection import accept_rejection
 from pyggspec.speculative.verify import accept
 
@@ -67,12 +67,13 @@ class Worker:
     def __init__(self, parts: Parts) -> None:
         self.target = parts.target
         self.mtp = parts.mtp
-        self.drafter = parts.drafter
+        self.drafter = parts.drafter  # speculative.drafter.Drafters (None: no speculation)
+        self.mtp_drafter = parts.drafter.mtp if parts.drafter is not None else None
         self.memory: SlotMemory = parts.memory
         self.samplers = parts.samplers
-        # the draft-length budget (speculative.adaptive.DraftBudget; None: fixed lengths,
-        # always the cap); the Engine sets it
-        self.policy = None
+        # the draft-length rule (speculative.lengths.DraftLengths; None: fixed lengths,
+        # always the cap)
+        self.lengths = parts.lengths
         self.n_ctx = parts.n_ctx
         self.n_vocab = parts.n_vocab
         self.n_ubatch = parts.cfg.n_ubatch
@@ -122,7 +123,7 @@ class Worker:
         outputs = np.array([b * T + T - 1 for b, c in enumerate(chunks) if c.last], np.int32)
         if outputs.size == 0:
             outputs = np.array([T - 1], np.int32)  # keep the graph well-formed
-        warm = any(c.warm for c in chunks)
+        warm = any(c.warm for c in chunks) and self.drafter is not None
         res = self.target.run(UBatch(tokens, np.array([c.pos0 for c in chunks], np.int64),
                                      tuple(c.slot for c in chunks), outputs, warm), copy=False)
         for c in chunks:
@@ -131,8 +132,8 @@ class Worker:
         if warm:
             h = res.hidden.reshape(B, T, -1)
             before = self.mtp.n_evals
-            self.drafter.write_prompt([(c.slot, c.pos0, c.tokens, h[b])
-                                       for b, c in enumerate(chunks) if c.warm])
+            self.drafter.prompt([(c.slot, c.pos0, c.tokens, h[b])
+                                 for b, c in enumerate(chunks) if c.warm])
             n_mtp = self.mtp.n_evals - before
         for c in chunks:
             if c.checkpoint:
@@ -155,17 +156,20 @@ class Worker:
         that wants log-probabilities needs the logits: the batch then samples on the host
         (the same tokens; llama-server turns backend sampling off for such a request).
 
-        ``carry``: a speculative step in which no sequence drafts (the budget declined):
-        the target's hidden rows come back and become the speculating sequences' owed MTP
-        pairs. Nothing can be rejected, so the recurrent state is written in place, as in
-        plain decoding, and none of the verify step's per-step arrays are made."""
+        ``carry``: a speculative step in which no sequence has a draft: the committed
+        tokens go to the drafters (with the target's hidden rows when one needs them: the
+        MTP head's owed pairs). Nothing can be rejected, so the recurrent state is written
+        in place, as in plain decoding, and none of the verify step's per-step arrays are
+        made (a one-row verify step cost ~6 ms more than a plain one on the Q8_0 bench
+        model: its spare state planes, per-row arrays and all-row outputs)."""
         B = len(items)
-        ub = self._plain_ubs.get((B, carry))
+        hidden = carry and self.drafter.needs_hidden
+        ub = self._plain_ubs.get((B, hidden))
         if ub is None:
             rows = np.zeros(B, np.int32)
-            ub = self._plain_ubs[(B, carry)] = UBatch(
+            ub = self._plain_ubs[(B, hidden)] = UBatch(
                 np.zeros((B, 1), np.int32), np.zeros(B, np.int64), (),
-                np.arange(B, dtype=np.int32), hidden=carry, state_src=rows,
+                np.arange(B, dtype=np.int32), hidden=hidden, state_src=rows,
                 state_dst=rows[None, :])
         tok, pos0, src = ub.tokens, ub.pos0, ub.state_src
         mem, samplers = self.memory, self.samplers
@@ -178,13 +182,13 @@ class Worker:
         ub.sampling = plan = 0 if want else samplers.plan_id(B, 1, ub.slots)
         ub.rows = samplers.rows([(it.slot, ()) for it in items]) if plan else None
         res = self.target.run(ub, copy=False)
-        after = self.drafter.after_verify if carry else None
+        after = self.drafter.committed if carry else None
         for b, it in enumerate(items):
             mem.commit(it.slot, (it.pending,))
             t = int(res.ids[b]) if res.ids is not None else samplers.choose(it.slot, res.logits[b])
             so = out.seqs[it.slot] = SeqOutput([t], spec=carry and it.spec, target_evals=1)
             if after is not None and it.spec:
-                after(it.slot, [it.pending], res.hidden[b: b + 1])
+                after(it.slot, [it.pending], res.hidden[b: b + 1] if hidden else None)
             if it.logprobs is not None:
                 so.logprobs = [self._logprob(it.slot, it.logprobs, res.logits[b], t)]
             if not it.is_stop(t) and samplers.accept(it.slot, t):
@@ -193,23 +197,16 @@ class Worker:
     # --- the speculative step ------------------------------------------------------------
     def _speculative(self, items: list[DecodeItem], out: StepOutput) -> None:
         """Draft -> verify -> accept -> commit for every sequence, in one batch each."""
-        t_step, cold = time.perf_counter(), self._new_graph_ms()
-        caps, budget, drafting = self._draft_lengths(items)
-        if budget and not drafting:  # the budget declined for the whole batch
-            self._plain(items, out, carry=True)
-            self.policy.observe_step(len(items), 1, self._step_ms(t_step, cold), len(items), 0)
-            return
-        t_owed = self._flush_owed(drafting, caps, out) if budget else 0.0
-        t_head, cold_head = time.perf_counter(), self._new_graph_ms()
-        drafts, n_mtp = self._draft(items, caps, drafting)
-        # the head's time in a step that drafted (not one that only wrote owed pairs)
-        head_ms = (self._step_ms(t_head, cold_head)
-                   if any(caps.get(s, 0) > 0 for s in drafting) else None)
+        t_step, cold = time.perf_counter(), self._setup_ms()
+        B = len(items)
+        caps = (self.lengths.lengths(B) if self.lengths is not None
+                else dict.fromkeys(self.drafter.names, self.spec.n_max))
+        drafts, n_mtp = self._draft(items, caps)
         dtoks = [drafts[it.slot].tokens if it.slot in drafts else [] for it in items]
-        if budget and not any(dtoks):  # the gate dropped every draft: a plain step
-            self._dropped(items, out, drafts, n_mtp)
-            self.policy.observe_step(len(items), 1, self._step_ms(t_step, cold) - t_owed * 1000,
-                                     len(items), n_mtp, head_ms)
+        if not any(dtoks):  # no sequence has a draft: a plain step
+            self._undrafted(items, out, drafts, n_mtp)
+            if self.lengths is not None:
+                self.lengths.observe_step(B, "", 0, self._step_ms(t_step, cold))
             return
         qs = {it.slot: drafts[it.slot].q for it in items
               if it.slot in drafts and drafts[it.slot].q}
@@ -239,26 +236,21 @@ class Worker:
             if not self._commit(it.slot, committed, planes[b], ub.tokens.shape, b):
                 replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
                 so.target_evals += 1
-            self.drafter.after_verify(it.slot, committed, hidden[b, : n + 1])
+            if it.spec:
+                self.drafter.committed(it.slot, committed, hidden[b, : n + 1])
         out.target_evals += 1
         out.mtp_evals += n_mtp
         if replay:
             self.decode(replay, logits="last")
             out.target_evals += len({len(t) for t in replay.values()})
-        if budget:  # the budget learns what whole steps of this length cost and yield
-            T = max((len(d) for d in dtoks), default=0) + 1
-            self.policy.observe_step(len(items), T, self._step_ms(t_step, cold) - t_owed * 1000,
-                                     sum(len(out.seqs[it.slot].tokens) for it in items
-                                         if it.slot in out.seqs), n_mtp, head_ms)
+        if self.lengths is not None:  # what a step of this length cost
+            k, kind = max((len(dr.tokens), dr.kind) for dr in drafts.values())
+            self.lengths.observe_step(B, kind, k, self._step_ms(t_step, cold))
 
-    def _dropped(self, items: list[DecodeItem], out: StepOutput, drafts: dict,
-                 n_mtp: int) -> None:
-        """The rest of a step whose drafts the budget's gate all dropped after the head
-        ran: decoded as a plain step (the recurrent state written in place), not as a
-        one-row verify step. The verify path's spare state planes, per-row arrays and
-        all-row outputs made such a step ~6 ms dearer than a plain one on the Q8_0 ~0.70
-        bench model (88 ms against 82, the head's runs aside) -- in a fifth of the
-        default's steps there, booked as the price of a plain step too."""
+    def _undrafted(self, items: list[DecodeItem], out: StepOutput, drafts: dict,
+                   n_mtp: int) -> None:
+        """A step in which no sequence has a draft (the rule declined, or no kind had a
+        proposal): decoded as a plain step, the recurrent state written in place."""
         self._plain(items, out, carry=True)
         out.target_evals += 1  # counted as the verify it replaces (the statistics)
         out.mtp_evals += n_mtp
@@ -269,45 +261,32 @@ class Worker:
             so.mtp_evals = n_mtp
             draft = drafts.get(it.slot)
             if draft is not None and so.tokens and not it.is_stop(so.tokens[0]):
-                self.drafter.observe(it.slot, draft, so.tokens[0])  # coupled vs argmax
+                self.drafter.accepted(it.slot, draft, 0, so.tokens[:1])
 
-    def _new_graph_ms(self) -> float:
-        """Milliseconds spent so far building graphs of new shapes (target and head)."""
-        return self.target.new_graph_ms_total + (self.mtp.new_graph_ms_total if self.mtp else 0.0)
+    def _setup_ms(self) -> float:
+        """Milliseconds spent so far on work no step shape should be priced with: graphs
+        of new shapes built (a shape's first step pays for its graph once; booked into its
+        cost it priced the first 4 x 4 verify of a fresh engine at 263 ms against ~240),
+        and the MTP head's writes of pairs owed by steps that did not draft (the price of
+        those steps, paid once; booked into the next drafting step they priced it at 143
+        ms against 60 on the Q8_0 ~0.70 bench model)."""
+        ms = self.target.new_graph_ms_total
+        if self.mtp is not None:
+            ms += self.mtp.new_graph_ms_total + self.mtp_drafter.catch_up_ms
+        return ms
 
     def _step_ms(self, t_step: float, cold: float) -> float:
-        """A step's wall time since ``t_step`` less the graphs it built (``cold``: what
-        :meth:`_new_graph_ms` said at ``t_step``). A shape's first step pays for its graph
-        once; booked into its cost it priced the first 4 x 4 verify step of a fresh engine
-        at 263 ms against ~240, and until that shape ran twice more the budget judged
-        drafting by it (on the Q8_0 ~0.70 bench model, 17 steps declined at -np 4)."""
-        return (time.perf_counter() - t_step) * 1000 - (self._new_graph_ms() - cold)
+        """A step's wall time since ``t_step`` less the setup work it did (``cold``: what
+        :meth:`_setup_ms` said at ``t_step``)."""
+        return (time.perf_counter() - t_step) * 1000 - (self._setup_ms() - cold)
 
-    def _flush_owed(self, drafting: set[int], caps: dict[int, int], out: StepOutput,
-                    ) -> float:
-        """Before drafting again after declined steps: the pairs those steps left owed go
-        through the MTP head first, on their own. Returns the seconds it took, which the
-        step's cost leaves out: it is the price of the steps that declined, paid once,
-        and booked into this step it made drafting look dearer than it is (a 256-pair
-        catch-up inside a two-row step priced such steps at 143 ms against 60 on the
-        Q8_0 ~0.70 bench model), so the budget declined longer, and owed more."""
-        carry, n = self.drafter.carry, self.spec.n_max + 1  # a verify step leaves <= n
-        owed = [s for s in drafting if caps.get(s, 0) > 0 and len(carry[s].tokens) > n]
-        if not owed:
-            return 0.0
-        t0, before = time.perf_counter(), self.mtp.n_evals
-        self.drafter.flush(*owed)
-        out.mtp_evals += self.mtp.n_evals - before
-        return time.perf_counter() - t0
-
-    def _draft(self, items: list[DecodeItem], caps: dict[int, int], drafting: set[int],
-               ) -> tuple[dict, int]:
-        """The drafting slots' owed pairs and pending tokens through the MTP head, then
-        up to ``caps[slot]`` drafts each. Returns (drafts by slot, MTP evaluations)."""
-        before, ms0 = self.mtp.n_evals, self.mtp.compute_ms_total
-        drafts = self.drafter.draft_slots(
-            [(it.slot, it.pending, caps[it.slot], it.is_stop) for it in items
-             if it.slot in drafting], self.samplers.chains, self.policy)
+    def _draft(self, items: list[DecodeItem], caps: dict[str, int]) -> tuple[dict, int]:
+        """Drafts for the speculating sequences, up to each kind's length in ``caps`` and
+        the sequence's own cap. Returns (drafts by slot, MTP evaluations)."""
+        before = self.mtp.n_evals if self.mtp is not None else 0
+        ask = [DraftItem(it.slot, it.pending, it.n_draft, it.is_stop) for it in items
+               if it.spec]
+        drafts = self.drafter.draft(ask, self.memory.tokens, self.samplers.chains, caps)
         for slot, dr in drafts.items():
             # drop drafts from the first one the slot's grammar forbids: the masked target
             # cannot choose it, so it and what follows would be wasted verify rows (not
@@ -317,11 +296,7 @@ class Worker:
                 if keep < len(dr.tokens):
                     del dr.tokens[keep:]
                     del dr.probs[keep:]
-        n_mtp = self.mtp.n_evals - before
-        if self.policy is not None and n_mtp and any(caps[s] > 0 for s in drafting):
-            self.policy.observe("mtp", len(drafting), 1,
-                                      (self.mtp.compute_ms_total - ms0) / n_mtp)
-        return drafts, n_mtp
+        return drafts, (self.mtp.n_evals - before if self.mtp is not None else 0)
 
     def _verify(self, ub: UBatch, prefixes: list | None, dtoks: list[list[int]]):
         """Run the verify batch. Returns ``choose(b, i)`` -- the target's token at row i of
@@ -329,10 +304,7 @@ class Worker:
         hidden rows [B, T, n_embd] and the logits [B, T, n_vocab] (None when the graph
         sampled), valid until the next graph."""
         B, T = ub.tokens.shape
-        ms0 = self.target.compute_ms_total
         res = self.target.run(ub, copy=False)
-        if self.policy is not None:
-            self.policy.observe("verify", B, T, self.target.compute_ms_total - ms0)
         hidden = res.hidden.reshape(B, T, -1)
         if res.ids is not None:
             ids = res.ids.reshape(B, T)
@@ -369,20 +341,20 @@ class Worker:
 
     def _accepted(self, it: DecodeItem, draft, d: list[int], n: int,
                   emitted: list[int]) -> int | None:
-        """What the chains, the drafter and the length policy learn from one sequence's
-        outcome: emitted tokens advance its chain (one random number each), the first
-        decides between coupled and argmax drafts, the accepted count teaches the policy.
+        """What the chains, the drafter and the length rule learn from one sequence's
+        outcome: emitted tokens advance its chain (one random number each), the drafter
+        that made the draft hears how it fared, the rule counts its survival.
         Returns the index of the emitted token that completes the sequence's grammar (the
         output ends there: what follows it is not accepted), or None."""
-        if draft is not None and draft.first is not None and emitted:
-            self.drafter.observe(it.slot, draft, emitted[0])  # coupled draw vs argmax
+        if draft is not None and emitted:
+            self.drafter.accepted(it.slot, draft, min(n, len(d)), emitted)
         end = None
         for i, t in enumerate(emitted):
             if self.samplers.accept(it.slot, t):
                 end = i
                 break
-        if self.policy is not None and it.spec and d and draft is not None:
-            self.policy.record(it.slot, draft.probs, min(n, len(d)))
+        if self.lengths is not None and it.spec and d and draft is not None:
+            self.lengths.observe_draft(draft.kind, len(d), min(n, len(d)))
         return end
 
     def _commit(self, slot: int, committed: list[int], planes: list[int],
@@ -400,36 +372,6 @@ class Worker:
         else:  # the state is still "before pending"
             return False
         return True
-
-    def _draft_lengths(self, items: list[DecodeItem],
-                       ) -> tuple[dict[int, int], bool, set[int]]:
-        """Per speculating slot its most drafts (the scheduler's cap; 0 when the budget
-        finds that drafting cannot pay this step), whether the budget decides, and the
-        slots that draft this step (one the budget gives nothing keeps its pairs owed, up
-        to ``OWED_PAIRS_MAX``: the MTP head rests, and writes them in one batch later)."""
-        caps = {it.slot: it.n_draft for it in items if it.spec}
-        policy = self.policy
-        if policy is None or not caps:
-            return caps, False, set(caps)
-        slots = list(caps)
-        k = policy.plan(slots, list(caps.values()), [self._regime(s) for s in slots])
-        caps = {slot: min(c, k) for slot, c in caps.items()}
-        carry = self.drafter.carry
-        drafting = {s for s, c in caps.items()
-                    if c > 0 or len(carry[s].tokens) + 1 > OWED_PAIRS_MAX}
-        return caps, True, drafting
-
-    def _regime(self, slot: int) -> str:
-        """How ``slot`` drafts against its chain (the acceptance model keeps one table per
-        regime): greedy, or the draft rule at the chain's temperature."""
-        ch = self.samplers.chains.get(slot)
-        if ch is None or ch.stages[-1].name != "dist":
-            return "greedy"
-        mode = self.spec.draft_sampling
-        if mode == "coupled":
-            c = self.drafter.choices.get(slot)
-            mode = "coupled" if c is not None and c.use_coupled else "argmax"
-        return f"{mode}@{ch.params.temp:g}"
 
     def _verify_batch(self, items: list[DecodeItem], dtoks: list[list[int]],
                       host: bool = False) -> tuple[UBatch, list[list[int]], list | None]:
@@ -476,23 +418,27 @@ class Worker:
         and start its sampler chain. Returns the prompt tokens reused."""
         start = self._resume(slot, prompt, reuse, spec)
         self.samplers.start(slot, prompt, params)
+        if spec and self.drafter is not None:
+            self.drafter.begin(slot, prompt)
         return start
 
     def _resume(self, slot: int, prompt: list[int], reuse: bool, spec: bool) -> int:
-        mem, drafter = self.memory, self.drafter
+        """Keep what the slot holds of ``prompt``. With the MTP head drafting, only where
+        its cache holds the same positions (the carry-over, checkpoints keep it)."""
+        mem, mtp = self.memory, self.mtp_drafter if spec else None
         c = min(common_prefix(mem.tokens(slot), prompt) if reuse else 0, len(prompt) - 1)
         start, carry = 0, None
         if c > 0:
-            if spec:
-                drafter.flush(slot)  # pairs still owed to the MTP cache
+            if mtp is not None:
+                mtp.flush(slot)  # pairs still owed to the MTP cache
             n = mem.length(slot)
-            cur = drafter.carry.get(slot) if spec else None
-            if c == n and (not spec or (cur is not None and mem.mtp_length(slot) >= n)):
+            cur = mtp.state(slot) if mtp is not None else None
+            if c == n and (mtp is None or (cur is not None and mem.mtp_length(slot) >= n)):
                 start, carry = n, cur
             else:
                 for ck in reversed(mem.checkpoints(slot)):
-                    if ck.pos <= c and (not spec or (ck.carry is not None
-                                                     and mem.mtp_length(slot) >= ck.pos)):
+                    if ck.pos <= c and (mtp is None or (ck.carry is not None
+                                                        and mem.mtp_length(slot) >= ck.pos)):
                         mem.restore(slot, ck)
                         start, carry = ck.pos, ck.carry
                         break
@@ -500,18 +446,25 @@ class Worker:
             self.clear(slot)
             return 0
         mem.truncate(slot, start)
-        if drafter is not None:
-            if carry is not None:
-                drafter.carry[slot] = carry
-            else:
-                drafter.forget(slot)
+        self._set_carry(slot, carry)
         return start
+
+    def _set_carry(self, slot: int, carry) -> None:
+        """The slot's drafters start from ``carry`` (the MTP head's owed pairs; None:
+        unknown, so every drafter forgets the slot)."""
+        if self.drafter is None:
+            return
+        if carry is None or self.mtp_drafter is None:
+            self.drafter.forget(slot)
+        else:
+            self.mtp_drafter.restore(slot, carry)
 
     def save_checkpoint(self, slot: int, spec: bool, keep: int) -> None:
         """A host copy of the slot's recurrent state here (with the MTP carry when the
         slot speculates); the newest ``keep`` are kept."""
-        carry = self.drafter.carry.get(slot) if spec and self.drafter is not None else None
-        self.memory.save_checkpoint(slot, carry, keep)
+        m = self.mtp_drafter
+        self.memory.save_checkpoint(slot, m.state(slot) if spec and m is not None else None,
+                                    keep)
 
     def clear(self, slot: int) -> None:
         self.check_slot(slot)
@@ -523,20 +476,15 @@ class Worker:
         self.check_slot(src)
         self.check_slot(dst)
         self.memory.copy(src, dst)
-        if self.drafter is not None:
-            c = self.drafter.carry.get(src)
-            if c is None:
-                self.drafter.forget(dst)
-            else:
-                self.drafter.carry[dst] = c
+        self._set_carry(dst, self.mtp_drafter.state(src) if self.mtp_drafter else None)
 
     # --- slot files (llama-server's slot save / restore) ------------------------------
     def save_slot(self, slot: int, path: str | os.PathLike, identity: Mapping) -> tuple[int, int]:
-        """Write ``slot``'s whole state (memory, and the drafter's carry-over when the
-        engine speculates) to ``path``. Returns (tokens saved, bytes written)."""
+        """Write ``slot``'s whole state (memory, and the MTP head's carry-over when it
+        drafts) to ``path``. Returns (tokens saved, bytes written)."""
         self.check_slot(slot)
-        d = self.drafter
-        sf = self.memory.export_state(slot, identity, d.carry.get(slot) if d else None, d)
+        d = self.mtp_drafter
+        sf = self.memory.export_state(slot, identity, d.state(slot) if d else None, d)
         return self.memory.length(slot), slotfile.write(path, sf)
 
     def load_slot(self, slot: int, path: str | os.PathLike, identity: Mapping) -> tuple[int, int]:
@@ -546,18 +494,14 @@ class Worker:
         self.check_slot(slot)
         sf, nbytes = slotfile.read(path)
         try:
-            carry = self.memory.import_state(slot, sf, identity, self.drafter, self.n_ctx,
+            carry = self.memory.import_state(slot, sf, identity, self.mtp_drafter, self.n_ctx,
                                              self.n_vocab)
         except slotfile.SlotFileError:
             raise  # refused before anything was written
         except BaseException:
             self.clear(slot)  # a write failed half-way: nothing of it may be reused
             raise
-        if self.drafter is not None:
-            if carry is None:
-                self.drafter.forget(slot)
-            else:
-                self.drafter.carry[slot] = carry
+        self._set_carry(slot, carry)
         return self.memory.length(slot), nbytes
 
     def check_slot(self, slot: int) -> None:

@@ -12,15 +12,11 @@ themselves cost (docs/benchmarks.md row 38). Not a comparison with llama-server.
     python3 scripts/bench_inprocess.py --agreement 0.95 --type Q8_0 --parallel 4 \\
         --engines default fixed=2 --reps 6
 
-Engines: ``plain`` (no speculation), ``default`` (calibrated draft lengths), ``declining``
-(the default made to decline every step: the declined path's own cost), ``nodrift`` (the
-default with its costs' speed factor held still: each shape priced by its own runs alone,
-as before row 53), ``gateonly`` (the default's gate deciding alone, without the drafting
-ways chosen by what they realized: :mod:`pyggspec.speculative.arms`), ``forced=N`` (the default made to verify N drafts every step: its
-budget's bookkeeping without its choices), ``fixed=N``
-(``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` / ``+cap=N`` after a speculative
-one add ``--spec-draft-vocab N`` / ``--spec-draft-head TYPE`` / ``--spec-draft-n-max N``
-(the default's cap); ``+cal=N`` its start-up calibration's tokens per sequence;
+Engines: ``plain`` (no speculation), ``default`` (draft lengths by the draft-length rule),
+``fixed=N`` (``--spec-draft-fixed --spec-draft-n-max N``); ``+dv=N`` / ``+head=TYPE`` /
+``+cap=N`` / ``+type=KINDS`` after a speculative one add ``--spec-draft-vocab N`` /
+``--spec-draft-head TYPE`` / ``--spec-draft-n-max N`` (the default's cap) / ``--spec-type
+KINDS`` (e.g. ``default+type=ngram-mod,draft-mtp``; commas inside, no spaces);
 ``+huge=0`` after any loads its weights without huge pages
 (:mod:`pyggspec.ggml.hugepages`); ``#label`` after any names one engine twice (``fixed=3
 fixed=3#b``: what two identical engines read apart). The first engine is the reference of the
@@ -52,7 +48,7 @@ import benchlib
 def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
     """An engine by name (see the module docstring), optionally with ``+dv=N``
     (--spec-draft-vocab), ``+head=TYPE`` (--spec-draft-head), ``+cap=N`` (the cap),
-    ``+cal=N`` (calibration tokens) or ``+huge=0`` (weights on the system's pages:
+    ``+type=KINDS`` (--spec-type) or ``+huge=0`` (weights on the system's pages:
     ``PYGGSPEC_HUGE_PAGES=0`` while it loads) after it."""
     kw = {"n_ctx": ctx * P, "n_parallel": P, "n_threads": threads, "load_tokenizer": False,
           "progress": False}
@@ -67,13 +63,13 @@ def make_engine(path: Path, spec: str, P: int, ctx: int, threads: int):
             skw["draft_head"] = val
         elif key == "cap":
             skw["n_max"] = int(val)
-        elif key == "cal":  # the start-up calibration's tokens per sequence
-            skw["calibrate_tokens"] = int(val)
+        elif key == "type":
+            kw["spec_type"] = val
         elif key == "huge":  # weights without (0) or with (1) huge pages
             huge = val
         else:
             raise SystemExit(f"bench_inprocess: unknown option {x!r} "
-                             "(dv=N, head=TYPE, cap=N, cal=N, huge=0|1)")
+                             "(dv=N, head=TYPE, cap=N, type=KINDS, huge=0|1)")
     if huge is None:
         return _engine(path, base, skw, kw)
     before = os.environ.get("PYGGSPEC_HUGE_PAGES")  # the caller's setting comes back
@@ -91,37 +87,17 @@ def _engine(path: Path, base: str, skw: dict, kw: dict):
     from pyggspec.config import SpecConfig
     from pyggspec.engine import Engine
 
-    if base == "plain" and not skw:
+    if base == "plain" and not skw and "spec_type" not in kw:
         return Engine(str(path), **kw)
+    kw.setdefault("spec_type", "draft-mtp")
     if base == "default":
-        return Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
-    if base == "declining":  # the default whose budget declines every step, never exploring:
-        # what the declined path itself costs against plain decoding
-        e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
-        e.draft_policy._declining_loss = lambda *a: float("inf")
-        e.draft_policy.idle_explore_every = 0
-        return e
-    if base.startswith("forced="):  # the default made to verify N drafts every step: its
-        # budget's bookkeeping without its choices
-        e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
-        e.draft_policy.forced = int(base.split("=", 1)[1])
-        return e
-    if base == "nodrift":  # the default without the costs' speed factor (before row 53)
-        e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
-        e.draft_policy.costs.drift_gain = 0.0
-        return e
-    if base == "gateonly":  # the default's gate alone, without the drafting ways chosen
-        # by what they realized (speculative.arms)
-        e = Engine(str(path), spec_type="draft-mtp", spec=SpecConfig(**skw), **kw)
-        e.draft_policy.use_ways = False
-        return e
+        return Engine(str(path), spec=SpecConfig(**skw), **kw)
     if base.startswith("fixed="):
         n = int(base.split("=", 1)[1])
-        return Engine(str(path), spec_type="draft-mtp",
-                      spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
-    raise SystemExit(f"bench_inprocess: unknown engine {base!r} "
-                     "(plain, default, declining, nodrift, gateonly, forced=N, fixed=N; options of "
-                     "speculative ones: +dv=N, +head=TYPE, +cap=N, +cal=N; of any: +huge=0)")
+        return Engine(str(path), spec=SpecConfig(n_max=n, adaptive=False, **skw), **kw)
+    raise SystemExit(f"bench_inprocess: unknown engine {base!r} (plain, default, fixed=N; "
+                     "options of speculative ones: +dv=N, +head=TYPE, +cap=N, +type=KINDS; "
+                     "of any: +huge=0)")
 
 
 def time_steps(engine, log: list) -> None:
@@ -178,9 +154,6 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=128, help="tokens per request")
     ap.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence")
     ap.add_argument("-t", "--threads", type=int, default=2)
-    ap.add_argument("--calibration", action="store_true",
-                    help="keep each budget's calibration (predicted vs observed acceptance "
-                         "per confidence bin) in the report")
     ap.add_argument("--steps", action="store_true",
                     help="also report each engine's time per step shape (sequences x rows)")
     ap.add_argument("--turns", choices=["request", "step"], default="request",
@@ -240,11 +213,8 @@ def main() -> int:
                                                "spread": [round(r[0], 3), round(r[-1], 3)]}
         report["same_outputs_as_" + ref][name] = outs[name] == outs[ref]
     for name, e in engines.items():
-        if e.draft_policy is not None:
-            d = e.draft_policy.to_dict()
-            if not args.calibration:
-                d.pop("calibration", None)
-            report["budgets"][name] = d
+        if e.draft_lengths is not None:  # survival, step costs, lengths chosen
+            report["budgets"][name] = e.draft_lengths.to_dict()
         e.close()
     print(json.dumps(report, indent=1))
     return 0

@@ -86,10 +86,8 @@ t = res.timings.to_dict(host=True)
 out = {{"tokens": [r.tokens for r in res], "python_ms": t["python_ms_per_step"],
        "tps": t["predicted_per_second"] if {P} == 1 else
               sum(len(r.tokens) for r in res) / wall}}
-if e.draft_policy is not None:  # what the default chose (so far in this process), and by what costs
-    budget = e.draft_policy.to_dict()
-    budget.pop("calibration", None)
-    out["budget"] = budget
+if e.draft_lengths is not None:  # what the default chose (so far in this process), and why
+    out["budget"] = e.draft_lengths.to_dict()
 """
 
 
@@ -111,10 +109,8 @@ for name, g in got.items():
         out["accept"] = st.acceptance
         out["mean_len"] = st.mean_accepted_length
         out["stats"] = st.to_dict()
-    if e.draft_policy is not None:
-        budget = e.draft_policy.to_dict()
-        budget.pop("calibration", None)
-        out["budget"] = budget
+    if e.draft_lengths is not None:
+        out["budget"] = e.draft_lengths.to_dict()
     outs[name] = out
 """
 
@@ -232,13 +228,13 @@ def main() -> int:
 
 
 def budget_line(res: dict) -> str:
-    """The default's choices in one run: steps per verify length (0 drafts first), declined
-    steps, and the whole-step costs it judged by (ms, batch x rows)."""
+    """The default's choices in one run, per drafter kind: steps per draft length (0
+    first), the survival per position and the step costs in plain steps it judged by."""
     b = res.get("budget")
     if not b:
         return ""
-    steps = {k[len("step:"):]: v for k, v in b["costs_ms"].items() if k.startswith("step:")}
-    return f"  lengths {b['chosen_lengths']} declined {b['declined_steps']} steps_ms {steps}"
+    return "".join(f"  [{kind}] lengths {d['lengths']} survival {d['survival']} "
+                   f"ratios {d['ratios']}" for kind, d in b.items())
 
 
 def summarize(agr: float, qt: str, P: int, reps: list[dict[str, dict]],

@@ -24,7 +24,6 @@ Where things are:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -267,19 +266,9 @@ def _open_engine(path: Any, kw: dict[str, Any]) -> Any:
 
     if isinstance(path, tuple):  # (trunk, mtp) as Models.split gives them
         path, kw["mtp_path"] = path
-    return Engine(path, **{**ENGINE_DEFAULTS, **kw, **_fixed_lengths(kw)})
-
-
-def _fixed_lengths(kw: dict[str, Any]) -> dict[str, Any]:
-    """Tests draft fixed lengths unless they ask for the calibrated budget (``adaptive=True``):
-    their oracles count drafts as llama.cpp makes them, and the budget's choices follow this
-    machine's timings."""
-    from pyggspec.config import SpecConfig
-
-    if kw.get("spec_type") != "draft-mtp":
-        return {}
-    spec = kw.get("spec") or SpecConfig()
-    return {"spec": spec if spec.adaptive is not None else replace(spec, adaptive=False)}
+    # the default configuration -- draft lengths by the draft-length rule -- unless a test
+    # asks for fixed ones (adaptive=False: oracles that count drafts as llama.cpp makes them)
+    return Engine(path, **{**ENGINE_DEFAULTS, **kw})
 
 
 @pytest.fixture

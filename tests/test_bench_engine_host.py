@@ -18,7 +18,8 @@ BODY = """
 res = e.generate_batch([[1, 2, 3, 4, 5]], max_tokens=12, ignore_eos=True)
 import os
 out = {"tokens": [r.tokens for r in res], "pid": os.getpid(), "spec": e.spec_type,
-       "runs": e.draft_policy.chosen[:] if e.draft_policy is not None else None}
+       "runs": (e.draft_lengths.to_dict()["draft-mtp"]["lengths"]
+                if e.draft_lengths is not None else None)}
 """
 
 
@@ -56,8 +57,9 @@ def test_a_failing_engine_is_an_error_with_the_childs_words(models, monkeypatch)
 TURNS = """
 got = step_turns(group, [[1, 2, 3, 4, 5], [6, 7, 8]], 10)
 outs = {name: {"tokens": [r.tokens for r in g["results"]], "decode_ms": g["decode_ms"],
-               "all_ms": g["all_ms"], "runs": (sum(group[name].draft_policy.chosen)
-                                               if group[name].draft_policy else None)}
+               "all_ms": g["all_ms"],
+               "runs": (sum(group[name].draft_lengths.to_dict()["draft-mtp"]["lengths"])
+                        if group[name].draft_lengths else None)}
         for name, g in got.items()}
 """
 

@@ -15,7 +15,6 @@ from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
 from pyggspec.serving.request import Request
-from tests.test_adaptive_draft import costs
 
 N_CASES = 208  # randomized lossless cases (issue: >= 200)
 N_TOKENS = 10
@@ -102,7 +101,7 @@ def test_coupled_acceptance_at_least_greedy(paths, make_engine, temp):
     acc = {}
     for ds in ("coupled", "greedy"):
         with make_engine(path, n_ctx=512, load_tokenizer=True, spec_type="draft-mtp",
-                         spec=SpecConfig(n_max=3, draft_sampling=ds)) as e:
+                         spec=SpecConfig(n_max=3, draft_sampling=ds, adaptive=False)) as e:
             prompt = [300, 301, 302]
             prompt += e.generate(prompt, max_tokens=4, ignore_eos=True).tokens  # on the cycle
             rates = []
@@ -144,7 +143,7 @@ def test_coupled_acceptance_stays_high_with_a_calibrated_head(models, make_engin
     acc = {}
     for ds in ("coupled", "greedy"):
         with make_engine(path, n_ctx=512, load_tokenizer=True, spec_type="draft-mtp",
-                         spec=SpecConfig(n_max=3, draft_sampling=ds)) as e:
+                         spec=SpecConfig(n_max=3, draft_sampling=ds, adaptive=False)) as e:
             prompt = [300, 301, 302]
             prompt += e.generate(prompt, max_tokens=4, ignore_eos=True).tokens
             drafted = accepted = 0
@@ -171,11 +170,11 @@ def test_coupled_drafts_over_a_draft_vocabulary(paths, make_engine, draft_backen
         want = [r.tokens for r in e.generate_batch(prompts, max_tokens=24, ignore_eos=True,
                                                    sampling=sp)]
     with make_engine(path, n_ctx=256, n_parallel=2, load_tokenizer=True, spec_type="draft-mtp",
-                     spec=SpecConfig(n_max=3, draft_vocab=512),
+                     spec=SpecConfig(n_max=3, draft_vocab=512, adaptive=False),
                      backend_sampling=True, draft_backend_sampling=draft_backend_sampling) as e:
         g = e.generate_batch(prompts, max_tokens=24, ignore_eos=True, sampling=sp)
         got = [r.tokens for r in g]
-        assert g.stats.n_drafted > 0 and not e.drafter.failed
+        assert g.stats.n_drafted > 0 and not e.drafter.mtp.failed
         assert bool(e.mtp.plans) == draft_backend_sampling  # the chains ran in the graph
     assert got == want
 
@@ -192,28 +191,28 @@ def test_p_min_of_argmax_drafts_in_coupled_mode(paths, make_engine):
     for ds in ("coupled", "greedy"):
         with make_engine(path, n_ctx=256, n_parallel=2, load_tokenizer=True,
                          spec_type="draft-mtp",
-                         spec=SpecConfig(n_max=3, p_min=0.5, draft_sampling=ds)) as e:
+                         spec=SpecConfig(n_max=3, p_min=0.5, draft_sampling=ds, adaptive=False)) as e:
             out = e.generate_batch(prompts, max_tokens=40, ignore_eos=True, sampling=sp)
             got[ds] = ([r.tokens for r in out], out.stats.n_drafted, out.stats.n_accepted)
             if ds == "coupled":
-                assert e.drafter.n_coupled == 0 and e.drafter.n_argmax > 0  # argmax drafts
+                assert e.drafter.mtp.n_coupled == 0 and e.drafter.mtp.n_argmax > 0  # argmax drafts
     assert got["coupled"] == got["greedy"] and got["greedy"][1] > 0, got
 
 
 def test_a_stop_token_draft_is_the_last(paths, make_engine):
     """Drafts never go past a stop token: one that is drafted ends the drafts (it stays the
     last one; the target may sample it too)."""
-    from pyggspec.speculative.drafter import DraftRequest
+    from pyggspec.speculative.mtp import DraftRequest
 
     prompt = [300, 301, 302]
     with make_engine(paths["dense"], n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
                      spec=SpecConfig(n_max=3)) as e:
         (t,) = e.generate(prompt, max_tokens=1, ignore_eos=True).tokens
-        c = e.drafter.carry[0]  # the pairs owed after the prompt; t is the pending token
+        c = e.drafter.mtp.carry[0]  # the pairs owed after the prompt; t is the pending token
 
         def draft(is_stop):  # the same pairs again: the same (argmax) drafts
             req = DraftRequest(0, c.pos0, [*c.tokens, t], c.hidden, 3, is_stop)
-            return e.drafter.draft([req])[0].tokens
+            return e.drafter.mtp.run([req])[0].tokens
 
         free = draft(None)
         assert len(free) == 3
@@ -236,13 +235,12 @@ def test_coupled_with_adaptive_length_n_min_and_p_min(paths, make_engine):
                      spec=SpecConfig(n_max=4, n_min=2, p_min=0.02, adaptive=True)) as e:
         # costs where drafting pays, pinned: the choices must not depend on how busy the
         # machine is (measured ones may say "draft nothing" under load)
-        pinned = costs(step=100, per_row=5, mtp=10, B=2)
-        pinned.frozen = True
-        e.draft_policy.costs = pinned
+        e.draft_lengths.ratios = lambda B, kind: [1.0, 1.02, 1.04, 1.06, 1.08]
         res = _batch(e, prompts, sp, 32)
         got = [r.tokens for r in res]
-        assert sum(r.timings.draft_n for r in res) > 0 and sum(e.draft_policy.chosen) > 0
-        assert e.drafter.n_coupled + e.drafter.n_argmax > 0
+        chosen = e.draft_lengths.to_dict()["draft-mtp"]["lengths"]
+        assert sum(r.timings.draft_n for r in res) > 0 and sum(chosen[1:]) > 0
+        assert e.drafter.mtp.n_coupled + e.drafter.mtp.n_argmax > 0
     assert got == want
 
 

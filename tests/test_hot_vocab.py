@@ -130,7 +130,7 @@ def test_greedy_lossless_over_a_hot_set(q4, make_engine, repack):
         r = e.generate(PROMPTS[0], max_tokens=40, ignore_eos=True)
         assert r.tokens == want
         res[hv] = r.spec.n_accepted
-        assert (e.drafter.hot is None) == (hv == 0)
+        assert (e.drafter.mtp.hot is None) == (hv == 0)
     # the set (the first 768 of 1024 ids) holds most of what this head drafts
     assert res[768] > 0
 
@@ -147,10 +147,10 @@ def test_sampled_drafts_over_a_hot_set(dense, make_engine, draft_backend_samplin
     got = []
     for _ in range(2):
         e = make_engine(dense, n_ctx=256, n_parallel=2, spec_type="draft-mtp",
-                        spec=SpecConfig(n_max=3, hot_vocab=768, draft_sampling=mode),
+                        spec=SpecConfig(n_max=3, hot_vocab=768, draft_sampling=mode, adaptive=False),
                         backend_sampling=True, draft_backend_sampling=draft_backend_sampling)
         g = e.generate_batch(PROMPTS, max_tokens=24, ignore_eos=True, sampling=sp)
-        assert g.stats.n_drafted > 0 and not e.drafter.failed
+        assert g.stats.n_drafted > 0 and not e.drafter.mtp.failed
         got.append([r.tokens for r in g])
         e.close()
     assert got[0] == got[1]
@@ -166,9 +166,11 @@ def test_falls_back_to_the_whole_head_and_learns(dense, make_engine, monkeypatch
     with make_engine(dense, n_ctx=512) as e:
         want = e.generate(PROMPTS[0], max_tokens=120, ignore_eos=True).tokens
     e = make_engine(dense, n_ctx=512, spec_type="draft-mtp",
-                    spec=SpecConfig(n_max=3, hot_vocab=256))
-    hot = e.drafter.hot
-    # seed the set with ids the text never uses: everything it emits misses
+                    spec=SpecConfig(n_max=3, hot_vocab=256, adaptive=False))
+    hot = e.drafter.mtp.hot
+    # the text once (its counts: a server sees its texts again), then the set seeded with
+    # ids the text never uses: everything it emits misses
+    assert e.generate(PROMPTS[0], max_tokens=120, ignore_eos=True).tokens == want
     emitted = set(want) | set(PROMPTS[0])
     unused = np.array(sorted(set(range(1024)) - emitted)[:256], np.int32)
     hot.ids = unused
@@ -235,7 +237,7 @@ def test_metrics_report_the_hot_vocabulary(dense):
             assert c.post("/completion", json={"prompt": PROMPTS[0], "n_predict": 16}
                           ).status_code == 200
             text = c.get("/metrics").text
-            want = e.drafter.hot.to_dict()
+            want = e.drafter.mtp.hot.to_dict()
     got = {ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in text.splitlines()
            if ln.startswith("pyggspec:spec_draft_hot_vocab_")}
     assert got["pyggspec:spec_draft_hot_vocab_size"] == 512

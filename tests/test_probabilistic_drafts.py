@@ -41,7 +41,7 @@ def test_output_distribution_equals_plain_sampling(path, make_engine):
     with make_engine(path, n_ctx=64) as e:
         plain = [r.tokens for r in outputs(e)]
     with make_engine(path, n_ctx=64, spec_type="draft-mtp",
-                     spec=SpecConfig(n_max=3, draft_sampling="probabilistic")) as e:
+                     spec=SpecConfig(n_max=3, draft_sampling="probabilistic", adaptive=False)) as e:
         res = outputs(e)
     spec = [r.tokens for r in res]
     drafted = sum(r.spec.n_drafted for r in res)
@@ -63,7 +63,7 @@ def test_output_distribution_equals_plain_sampling(path, make_engine):
 
 def test_seeded_runs_repeat_and_greedy_equals_plain(path, make_engine):
     with make_engine(path, n_ctx=64, spec_type="draft-mtp",
-                     spec=SpecConfig(n_max=3, draft_sampling="probabilistic")) as e:
+                     spec=SpecConfig(n_max=3, draft_sampling="probabilistic", adaptive=False)) as e:
         a = [e.generate(PROMPT, 24, ignore_eos=True, sampling=params(s, 1.0)).tokens
              for s in (1, 2, 3)]
         b = [e.generate(PROMPT, 24, ignore_eos=True, sampling=params(s, 1.0)).tokens

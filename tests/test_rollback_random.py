@@ -43,7 +43,7 @@ def engines(models):
 
 def _run(e: Engine, prompts, n, sampling, p_min=0.0):
     if e.spec_type:
-        e.drafter.p_min = p_min
+        e.drafter.mtp.p_min = p_min
     res = e.generate_batch(prompts, max_tokens=n, ignore_eos=True, sampling=sampling)
     return [r.tokens for r in res], res.stats
 

@@ -121,7 +121,7 @@ def test_failed_coupled_draws_fall_back_to_the_host(engine, host_tokens, monkeyp
             engine(True, PARAMS["dist"], True, "coupled") as e:
         _inject(monkeypatch, hook, 0, f"injected draft {hook} failure")
         out = [r.tokens for r in e.generate_batch(PROMPTS, N_GEN, ignore_eos=True)]
-        assert e.drafter.failed
+        assert e.drafter.mtp.failed
     assert out == ref
     assert sum("coupled drafts are drawn on the host" in r.getMessage()
                for r in caplog.records) == 1

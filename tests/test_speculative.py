@@ -110,7 +110,9 @@ def test_mtp_logits_equal_llamacpp_mtp(models, make_engine, arch, layout):
                                  np.array([0]), (0,), np.arange(n, dtype=np.int32)))
         rel = np.abs(res.logits - ref).max() / np.abs(ref).max()
         assert rel <= 1e-4
-        d = e.drafter.draft_slots([(0, t, 1, None)])
+        from pyggspec.speculative.drafter import DraftItem
+
+        d = e.drafter.mtp.draft([DraftItem(0, t, 1, None)])
         assert d[0].tokens == [int(ref[-1].argmax())]
         p = np.exp(ref[-1] - ref[-1].max())
         assert abs(d[0].probs[0] - p.max() / p.sum()) < 1e-5

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import click
 
 from pyggspec.config import DRAFT_SAMPLING as DRAFT_SAMPLINGS
-from pyggspec.config import ROLLBACKS, EngineConfig, SpecConfig
+from pyggspec.config import ROLLBACKS, ConfigError, EngineConfig, SpecConfig, spec_kinds
 from pyggspec.sampling.params import (
     DEFAULT_SAMPLERS,
     DEFAULT_SEED,
@@ -27,6 +27,7 @@ from pyggspec.sampling.params import (
     parse_logit_bias,
     parse_samplers,
 )
+from pyggspec.speculative.drafter import KINDS
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -126,8 +127,23 @@ def placement_options(**changes: Mapping[str, Any]) -> Callable[[F], F]:
 
 
 # ---------------------------------------------------------------------------- speculation
-SPEC_TYPE = Opt("--spec-type", "spec_type", type=click.Choice(["none", "draft-mtp"]),
-                default="none", show_default=True, help="Speculative decoding.")
+class _SpecType(click.ParamType):
+    """``none`` or drafter kinds joined by commas (llama.cpp's ``--spec-type a,b``)."""
+
+    name = "none|" + "|".join(KINDS) + "[,...]"
+
+    def convert(self, value, param, ctx):
+        try:
+            return ",".join(spec_kinds(value)) or "none"
+        except ConfigError as e:
+            self.fail(str(e).split(": ", 1)[-1], param, ctx)
+
+
+SPEC_TYPE = Opt("--spec-type", "spec_type", type=_SpecType(), default="none",
+                show_default=True,
+                help="Speculative decoding: draft-mtp (the model's MTP head), ngram-simple, "
+                     "ngram-mod (n-grams of the text so far), or several joined by commas "
+                     "(the n-gram kinds are asked first; the first with a draft wins).")
 DRAFT_MODEL = Opt("-md", "--spec-draft-model", "--model-draft", "draft_model",
                   type=click.Path(path_type=Path), default=None,
                   help="Separate MTP-only GGUF (mtp-*.gguf) for --spec-type draft-mtp.")
@@ -143,10 +159,25 @@ P_MIN = Opt("--spec-draft-p-min", "--draft-p-min", "p_min", type=click.FloatRang
                  "from the head's logits).")
 DRAFT_ADAPTIVE = Opt("--spec-draft-adaptive/--spec-draft-fixed", "draft_adaptive",
                      default=True, show_default=True,
-                     help="Choose draft lengths per step from the head's confidence in each "
-                          "draft (acceptance calibrated online) and measured costs, drafting "
-                          "nothing where speculation cannot pay (--spec-draft-n-max the cap); "
-                          "or always draft n_max.")
+                     help="Choose each step's draft length (up to --spec-draft-n-max) by the "
+                          "tokens it is expected to yield per measured cost, drafting nothing "
+                          "where speculation cannot pay; or always draft up to n_max.")
+NGRAM_OPTIONS = tuple(
+    Opt(flag, dest, type=click.IntRange(lo, 1024), default=getattr(SpecConfig, dest),
+        show_default=True, help=text)
+    for flag, dest, lo, text in (
+        ("--spec-ngram-simple-size-n", "ngram_simple_size_n", 1,
+         "ngram-simple: length of the n-gram looked up in the text so far."),
+        ("--spec-ngram-simple-size-m", "ngram_simple_size_m", 1,
+         "ngram-simple: length of the m-gram drafted after a match."),
+        ("--spec-ngram-simple-min-hits", "ngram_simple_min_hits", 1,
+         "ngram-simple: minimum hits (accepted and unused, as in llama.cpp)."),
+        ("--spec-ngram-mod-n-match", "ngram_mod_n_match", 1,
+         "ngram-mod: length of the n-gram looked up."),
+        ("--spec-ngram-mod-n-min", "ngram_mod_n_min", 0,
+         "ngram-mod: no draft with fewer hits than this."),
+        ("--spec-ngram-mod-n-max", "ngram_mod_n_max", 0,
+         "ngram-mod: most tokens looked up.")))
 DRAFT_SAMPLING = Opt("--spec-draft-sampling", "draft_sampling",
                      type=click.Choice(DRAFT_SAMPLINGS),
                      default="coupled", show_default=True,
@@ -202,14 +233,15 @@ MTP_TYPE_K = Opt("-ctkd", "--spec-draft-type-k", "--cache-type-k-draft", "mtp_ty
 MTP_TYPE_V = Opt("-ctvd", "--spec-draft-type-v", "--cache-type-v-draft", "mtp_type_v",
                  default="f16", show_default=True, help="MTP head KV cache type (V).")
 SPEC_OPTIONS = (SPEC_TYPE, DRAFT_MODEL, N_MAX, N_MIN, P_MIN, DRAFT_ADAPTIVE, DRAFT_SAMPLING,
-                DRAFT_HEAD, DRAFT_VOCAB, HOT_VOCAB, ROLLBACK, MTP_TYPE_K, MTP_TYPE_V)
+                DRAFT_HEAD, DRAFT_VOCAB, HOT_VOCAB, ROLLBACK, MTP_TYPE_K, MTP_TYPE_V,
+                *NGRAM_OPTIONS)
 
 
 @dataclass(frozen=True)
 class SpecOptions:
     """What :func:`spec_options` hands the command."""
 
-    spec_type: str  # "none" | "draft-mtp"
+    spec_type: str  # "none" | drafter kinds joined by commas
     draft_model: Path | None  # a separate MTP-only GGUF
     config: SpecConfig
     mtp_type_k: str
@@ -246,7 +278,8 @@ def _to_spec(kw: dict) -> None:
                         rollback=v["rollback"], draft_vocab=v["draft_vocab"],
                         hot_vocab=v["hot_vocab"],
                         draft_head=v["draft_head"], adaptive=v["draft_adaptive"],
-                        draft_sampling=v["draft_sampling"])
+                        draft_sampling=v["draft_sampling"],
+                        **{o.dest: v[o.dest] for o in NGRAM_OPTIONS})
     kw["spec"] = SpecOptions(v["spec_type"], v["draft_model"], config, v["mtp_type_k"],
                              v["mtp_type_v"])
 

@@ -44,7 +44,7 @@ _GRAMMAR = "no server-wide grammar; per request: the grammar / json_schema field
 _ROPE = "the context's RoPE comes from the GGUF; no overrides"
 _DOWNLOAD = "pyggspec opens local GGUF files only (-m)"
 _LORA = "adapters and control vectors are not implemented"
-_NGRAM = "n-gram speculation is not implemented; --spec-type is none or draft-mtp"
+_NGRAM = "this n-gram kind is not implemented; --spec-type takes ngram-simple, ngram-mod, draft-mtp"
 _PRESET = "llama.cpp's model presets download other models"
 _INTERACTIVE = "pyggspec run is one-shot (no interactive mode)"
 _ROUTER = "one model per server (no router mode)"
@@ -230,11 +230,11 @@ TABLE = f"""
 --spec-draft-backend-sampling --no-spec-draft-backend-sampling :: 0 sr H
 --spec-synth-len --spec-synth-rates :: 1 sr R :: synthetic drafts are not implemented
 --spec-draft-p-split --draft-p-split :: 1 sr R :: one draft chain per sequence, no tree splits
---spec-ngram-mod-n-min --spec-ngram-mod-n-max --spec-ngram-mod-n-match :: 1 sr R :: {_NGRAM}
---spec-ngram-simple-size-n --spec-ngram-simple-size-m --spec-ngram-simple-min-hits :: 1 sr R :: {_NGRAM}
+--spec-ngram-mod-n-min --spec-ngram-mod-n-max --spec-ngram-mod-n-match :: 1 sr H
+--spec-ngram-simple-size-n --spec-ngram-simple-size-m --spec-ngram-simple-min-hits :: 1 sr H
 --spec-ngram-map-k-size-n --spec-ngram-map-k-size-m --spec-ngram-map-k-min-hits :: 1 sr R :: {_NGRAM}
 --spec-ngram-map-k4v-size-n --spec-ngram-map-k4v-size-m --spec-ngram-map-k4v-min-hits :: 1 sr R :: {_NGRAM}
---spec-ngram-size-n --spec-ngram-size-m --spec-ngram-min-hits :: 1 s R :: removed in llama.cpp; {_NGRAM}
+--spec-ngram-size-n --spec-ngram-size-m --spec-ngram-min-hits :: 1 s R :: removed in llama.cpp: use the respective --spec-ngram-simple-* or --spec-ngram-mod-n-match
 --draft --draft-n --draft-max :: 1 sr R :: removed in llama.cpp: use --spec-draft-n-max
 --draft-min --draft-n-min :: 1 sr R :: removed in llama.cpp: use --spec-draft-n-min
 --embd-gemma-default --fim-qwen-1.5b-default --fim-qwen-3b-default :: 0 s R :: {_PRESET}

@@ -75,7 +75,7 @@ def _spec_lines(stats: dict) -> list[str]:
         (f"mean accepted length = {stats['mean_accepted_length']:.3f} tokens per step, "
         f"per-position acceptance = [{pp}]"),
         f"target evals = {stats['n_target_evals']}, mtp evals = {stats['n_mtp_evals']}",
-        *_budget_lines(stats.get("budget")),
+        *_lengths_lines(stats.get("draft_lengths")),
         *_hot_lines(stats.get("hot_vocab")),
     ]
 
@@ -89,20 +89,15 @@ def _hot_lines(hot: dict | None) -> list[str]:
             f"draft vocabulary = {hot['size']} hot ids"]
 
 
-def _budget_lines(budget: dict | None) -> list[str]:
-    """The calibrated budget: lengths chosen, and predicted vs observed acceptance by the
-    head's confidence (the regime with the most drafts)."""
-    if not budget:
-        return []
-    lengths = ", ".join(f"{k}: {n}" for k, n in enumerate(budget["chosen_lengths"]) if n)
-    out = [f"draft lengths (budget) = {{{lengths}}}, declined steps = {budget['declined_steps']}"]
-    cal = budget.get("calibration") or {}
-    if cal:
-        regime, rows = max(cal.items(), key=lambda kv: sum(r["n"] for r in kv[1]))
-        bins = ", ".join(f"{r['conf'][0]:g}-{r['conf'][1]:g}: "
-                         + (f"{r['predicted']:.2f}" if r["predicted"] is not None else "-")
-                         + f"/{r['observed']:.2f} (n={r['n']})" for r in rows)
-        out.append(f"calibration [{regime}] conf: predicted/observed = {bins}")
+def _lengths_lines(lengths: dict | None) -> list[str]:
+    """The draft-length rule, per drafter kind: lengths chosen, survival, step costs."""
+    out = []
+    for kind, d in (lengths or {}).items():
+        chosen = ", ".join(f"{k}: {n}" for k, n in enumerate(d["lengths"]) if n)
+        surv = ", ".join(f"{v:.2f}" for v in d["survival"])
+        ratios = ", ".join(f"{s}: {r:.2f}" for s, r in d["ratios"].items())
+        out.append(f"draft lengths [{kind}] = {{{chosen}}}, survival = [{surv}], "
+                   f"step cost (plain steps) = {{{ratios}}}")
     return out
 
 
@@ -236,13 +231,15 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         stats = results.stats.to_dict() if engine.spec_type else None
         if stats is not None:  # how the drafts of sampling chains were made
             d = engine.drafter
-            stats["draft_sampling"] = {"mode": engine.spec.draft_sampling,
-                                       "coupled_drafts": d.n_coupled,
-                                       "argmax_drafts": d.n_argmax}
-            if engine.draft_policy is not None:  # lengths chosen, costs, calibration report
-                stats["budget"] = engine.draft_policy.to_dict()
-            if d.hot is not None:  # the draft head's hot vocabulary: size, coverage, in use
-                stats["hot_vocab"] = d.hot.to_dict()
+            stats["drafters"] = d.counters()  # each kind's own counts
+            if d.mtp is not None:
+                stats["draft_sampling"] = {"mode": engine.spec.draft_sampling,
+                                           "coupled_drafts": d.mtp.n_coupled,
+                                           "argmax_drafts": d.mtp.n_argmax}
+                if d.mtp.hot is not None:  # the draft head's hot vocabulary
+                    stats["hot_vocab"] = d.mtp.hot.to_dict()
+            if engine.draft_lengths is not None:  # survival, step costs, lengths chosen
+                stats["draft_lengths"] = engine.draft_lengths.to_dict()
         rollback_used = engine.rollback
         sampling_stats = engine.samplers.stats.to_dict() if engine.samplers else {}
     res = results[0]

@@ -350,7 +350,8 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
             raise click.UsageError(str(e)) from None
         _add_cors(app, cors_origins, cors_methods, cors_headers, cors_credentials)
         cfg = config.spec
-        spec_desc = (f"draft-mtp n_max {cfg.n_max}" + (" calibrated lengths" if cfg.calibrated else " fixed")
+        spec_desc = (f"{engine.spec_type} n_max {cfg.n_max}"
+                     + (" rule-chosen lengths" if cfg.calibrated else " fixed")
                      + (f" p_min {cfg.p_min}" if cfg.p_min else "")
                      + f", rollback {engine.rollback}" if engine.spec_type else "none")
 

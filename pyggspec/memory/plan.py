@@ -78,10 +78,11 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
                 type_k: str = "f16", type_v: str = "f16", spec_n_max: int = 0,
                 rollback: str | None = None, mtp_device: str | None = None,
                 mtp_hp: HParams | None = None, mtp_type_k: str = "f16",
-                mtp_type_v: str = "f16",
+                mtp_type_v: str = "f16", mtp: bool = True,
                 compute: dict[str, int] | None = None,
                 step_graphs: dict[str, int] | None = None) -> MemoryPlan:
-    """What an engine with these options allocates (``spec_n_max`` > 0: draft-mtp).
+    """What an engine with these options allocates (``spec_n_max`` > 0: speculative;
+    ``mtp``: the MTP head drafts, with its cache).
 
     ``compute``: compute buffer bytes per device as ggml sizes the worst-case graphs
     (:func:`pyggspec.compute.size_compute`); None: a rough estimate (``compute_estimated``).
@@ -113,7 +114,7 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
             plan.add("snapshots", dev, row * (rows - n_parallel * planes))
         else:
             plan.add("kv", dev, kv_row * cells * n_parallel)
-    if spec:
+    if spec and mtp:
         mh = mtp_hp or hp
         mk, mv = ggml_type(mtp_type_k), ggml_type(mtp_type_v)
         row = mk.row_bytes(mh.n_embd_k_gqa) + mv.row_bytes(mh.n_embd_v_gqa)
@@ -134,7 +135,7 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
     mask = 2 * min(n_ctx, 2 * max(ub, 256))
     act = 4 * max(2.5 * hp.conv_dim, 3 * _ffn_width(hp))
     plan.add("compute", output_device, int(ub * (mask + act)) + rows * vocab_row)
-    if spec:
+    if spec and mtp:
         mh = mtp_hp or hp
         plan.add("compute", mtp_device or output_device,
                  int(ub * (mask + 2048 + 4 * 7 * _ffn_width(mh))) + n_parallel * vocab_row)
@@ -161,7 +162,7 @@ def planned_rollback(cfg: EngineConfig) -> str | None:
 def coupled_drafts(cfg: EngineConfig) -> bool:
     """Whether drafts of sampling chains are drawn through the chains in the MTP graph (the
     compute sizing then includes those chains)."""
-    return bool(cfg.speculative and cfg.spec.draft_sampling == "coupled"
+    return bool(cfg.uses_mtp and cfg.spec.draft_sampling == "coupled"
                 and cfg.draft_backend_sampling and cfg.spec.p_min == 0)
 
 
@@ -174,7 +175,8 @@ def graph_options(cfg: EngineConfig, hp: HParams, rollback: str | None) -> Graph
     return GraphOptions(planned_n_ctx(cfg, hp), cfg.n_parallel, cfg.n_ubatch, spec_n_max,
                         rollback if spec_n_max else None, cfg.type_k, cfg.type_v,
                         cfg.mtp_type_k, cfg.mtp_type_v, device_argmax=cfg.draft_backend_sampling,
-                        draft_vocab=cfg.spec.draft_vocab if spec_n_max else 0)
+                        draft_vocab=cfg.spec.draft_vocab if spec_n_max else 0,
+                        mtp=cfg.uses_mtp)
 
 
 def plan_engine_memory(cfg: EngineConfig, hp: HParams, n_vocab: int, placement: Placement,
@@ -196,7 +198,7 @@ def plan_engine_memory(cfg: EngineConfig, hp: HParams, n_vocab: int, placement: 
                        type_v=cfg.type_v, spec_n_max=cfg.spec.n_max if cfg.speculative else 0,
                        rollback=rollback, mtp_device=mtp_device, mtp_hp=mtp_hp,
                        mtp_type_k=cfg.mtp_type_k, mtp_type_v=cfg.mtp_type_v,
-                       compute=compute.by_device() if compute is not None else None,
+                       mtp=cfg.uses_mtp, compute=compute.by_device() if compute is not None else None,
                        step_graphs=compute.steps if compute is not None else None)
 
 

@@ -751,9 +751,10 @@ class Scheduler:
         ``decode_steps`` (generation batches), ``prompt_chunks`` (prompt batches) and
         ``decode_busy_slots`` (sequences summed over both),
         ``queue_depth``, ``busy_slots``, ``n_slots``, ``tokens_per_second`` (generation,
-        recent), ``prompt_tokens_per_second``; ``draft_budget`` (the calibrated draft-length
-        budget's lengths, costs and calibration report) when it decides; ``hot_vocab``
-        (the draft head's hot vocabulary: size, in use, coverage, choices) when it has one."""
+        recent), ``prompt_tokens_per_second``; ``draft_lengths`` (the draft-length rule's
+        survival, step cost ratios and lengths chosen, per drafter kind) when it decides;
+        ``drafters`` (each kind's own counts); ``hot_vocab`` (the draft head's hot
+        vocabulary: size, in use, coverage, choices) when it has one."""
         with self._lock:
             m: dict[str, Any] = dict(self._counts)
             st = self.stats
@@ -771,12 +772,14 @@ class Scheduler:
                                              if self._prompt_ms > 0 else 0.0),
                 "uptime_s": now - self._t0,
             })
-        budget = self.worker.policy
-        if budget is not None:  # the draft-length budget
-            m["draft_budget"] = budget.to_dict()
+        lengths = self.worker.lengths
+        if lengths is not None:  # the draft-length rule
+            m["draft_lengths"] = lengths.to_dict()
         drafter = self.worker.drafter
-        if drafter is not None and drafter.hot is not None:
-            m["hot_vocab"] = drafter.hot.to_dict()
+        if drafter is not None:
+            m["drafters"] = drafter.counters()
+            if drafter.mtp is not None and drafter.mtp.hot is not None:
+                m["hot_vocab"] = drafter.mtp.hot.to_dict()
         return m
 
     def memory(self) -> dict[str, Any]:

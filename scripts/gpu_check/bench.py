@@ -306,8 +306,9 @@ class Runner:
                         row["speedup"][who] = statistics.median(pairs)
                     if any(r and p and r["tokens"] != p["tokens"] for r, p in zip(rs, plains)):
                         row["notes"].append(f"{who}: output differs from plain")
-                if who == "pyggspec" and k == "default":  # what the calibration chose
-                    hist = [r.get("budget", {}).get("chosen_lengths") or [] for r in rs if r]
+                if who == "pyggspec" and k == "default":  # what the length rule chose
+                    hist = [(r.get("budget") or {}).get("draft-mtp", {}).get("lengths") or []
+                            for r in rs if r]
                     total = [sum(h[i] for h in hist if i < len(h))
                              for i in range(max(map(len, hist), default=0))]
                     if sum(total):

@@ -17,7 +17,7 @@ from pyggspec.config import EngineConfig, SpecConfig
 from pyggspec.sampling.params import SamplingParams
 
 OPTS = {name: o for name, o in vars(common).items() if isinstance(o, common.Opt)}
-ALL = [*OPTS.values(), *common.SAMPLING_OPTIONS]
+ALL = [*OPTS.values(), *common.SAMPLING_OPTIONS, *common.NGRAM_OPTIONS]
 
 # where a command words a shared option its own way (or, for serve's -np, really differs);
 # everything else about these options, and every other shared option, is the definition's own

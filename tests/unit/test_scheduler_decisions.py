@@ -39,7 +39,7 @@ class FakeWorker:
         self.batches = []
         self.script = script or (lambda slot, k: [10 + slot] * (k + 1))
         self.fail_slot = fail_slot
-        self.policy = None  # fixed draft lengths (Worker's draft-length budget: none)
+        self.lengths = None  # fixed draft lengths (Worker's draft-length rule: none)
         self.drafter = None  # no MTP head (Worker.drafter: its drafter, or None)
 
     def begin(self, slot, prompt, params, reuse, spec):

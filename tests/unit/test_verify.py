@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pyggspec.models.batch import chunk_group, padded_rows
-from pyggspec.speculative.drafter import Carry
+from pyggspec.speculative.mtp import Carry
 from pyggspec.speculative.verify import accept
 
 EOS = 99

@@ -306,37 +306,28 @@ def _histogram(name: str, help: str, values: list[float], buckets: tuple[float, 
     return h
 
 
-def budget_families(budget: Mapping[str, Any] | None) -> list[Metric]:
-    """The draft-length budget (``DraftBudget.to_dict()``): steps that drafted nothing, and
-    its calibration -- per regime and confidence bin the drafts verified, the acceptance
-    predicted for them and the acceptance observed -- so a scrape shows whether the
-    predictions the lengths were chosen by are right; and what it prices each drafting step
-    at, in plain steps of its batch size."""
-    if not budget:
+def lengths_families(lengths: Mapping[str, Any] | None) -> list[Metric]:
+    """The draft-length rule (``DraftLengths.to_dict()``), per drafter kind: the survival
+    of each draft position, what a step drafting k tokens costs in plain steps of its
+    batch size, and how often each length was chosen -- so a scrape shows why it drafts."""
+    if not lengths:
         return []
-    n = Metric("spec_draft_calibration_drafts_total", "counter",
-               "Verified drafts by regime and head-confidence bin.")
-    pred = Metric("spec_draft_calibration_predicted", "gauge",
-                  "Mean acceptance predicted for those drafts when their length was chosen.")
-    obs = Metric("spec_draft_calibration_observed", "gauge",
-                 "Acceptance observed for those drafts.")
-    for regime, rows in budget.get("calibration", {}).items():
-        for r in rows:
-            lab = {"regime": regime, "conf_lo": repr(float(r["conf"][0])),
-                   "conf_hi": repr(float(r["conf"][1]))}
-            n.add(int(r["n"]), **lab)
-            if r["predicted"] is not None:
-                pred.add(float(r["predicted"]), **lab)
-            obs.add(float(r["observed"]), **lab)
+    surv = Metric("spec_draft_survival", "gauge",
+                  "Share of verified drafts whose first position+1 tokens were accepted.")
     ratio = Metric("spec_draft_step_cost_ratio", "gauge",
-                   "A drafting step's cost in plain steps of its batch size, from steps run "
-                   "side by side (what the budget prices it at).")
-    for shape, r in budget.get("step_ratios", {}).items():
-        batch, rows = shape.split("x")
-        ratio.add(float(r), batch=batch, rows=rows)
-    return [Metric("spec_draft_declined_steps_total", "counter",
-                   "Steps that drafted nothing because no draft was predicted to pay.").add(
-                int(budget.get("declined_steps", 0))), n, pred, obs, ratio]
+                   "A step drafting k tokens, in plain steps of its batch size (medians of "
+                   "recent steps).")
+    chosen = Metric("spec_draft_length_chosen_total", "counter",
+                    "Steps for which the rule chose this draft length.")
+    for kind, d in lengths.items():
+        for i, v in enumerate(d["survival"]):
+            surv.add(float(v), kind=kind, position=str(i))
+        for shape, r in d["ratios"].items():
+            batch, k = shape.split("x")
+            ratio.add(float(r), kind=kind, batch=batch, k=k)
+        for k, n in enumerate(d["lengths"]):
+            chosen.add(int(n), kind=kind, k=str(k))
+    return [surv, ratio, chosen]
 
 
 def hot_vocab_families(hot: Mapping[str, Any] | None) -> list[Metric]:
@@ -382,7 +373,7 @@ def prometheus_text(counters: ServeMetrics, sched: Mapping[str, Any],
         Metric("n_decode_total", "counter", "Decode / verify batches run.").add(
             int(sched["decode_steps"])),
     ]
-    extra += budget_families(sched.get("draft_budget"))
+    extra += lengths_families(sched.get("draft_lengths"))
     extra += hot_vocab_families(sched.get("hot_vocab"))
     ours = counters.families(busy_slots=int(sched["busy_slots"]), n_slots=int(sched["n_slots"]),
                              queued=int(sched["queue_depth"]), memory=memory, extra=extra)
