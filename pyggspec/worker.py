@@ -123,7 +123,10 @@ class Worker:
         outputs = np.array([b * T + T - 1 for b, c in enumerate(chunks) if c.last], np.int32)
         if outputs.size == 0:
             outputs = np.array([T - 1], np.int32)  # keep the graph well-formed
-        warm = any(c.warm for c in chunks) and self.drafter is not None
+        # the drafters hear of prompt chunks with the target's hidden rows (the MTP head's
+        # pairs); the n-gram kinds read the committed tokens when they draft
+        warm = (any(c.warm for c in chunks) and self.drafter is not None
+                and self.drafter.needs_hidden)
         res = self.target.run(UBatch(tokens, np.array([c.pos0 for c in chunks], np.int64),
                                      tuple(c.slot for c in chunks), outputs, warm), copy=False)
         for c in chunks:
