@@ -118,10 +118,10 @@ def test_survival_is_per_kind_and_a_running_mean():
         rule.observe_draft("ngram-mod", 2, 2)
         rule.observe_draft("draft-mtp", 2, 0)
     assert rule.survival["ngram-mod"] == [1.0, 1.0]
-    assert rule.survival["draft-mtp"] == [0.0, 0.0]
+    assert max(rule.survival["draft-mtp"]) < 0.02  # (the prior's share fades)
     for _ in range(L.SURVIVAL_MEMORY):
         rule.observe_draft("draft-mtp", 1, 1)  # only the positions verified move
-    assert rule.survival["draft-mtp"][0] > 0.6 and rule.survival["draft-mtp"][1] == 0.0
+    assert rule.survival["draft-mtp"][0] > 0.6 and rule.survival["draft-mtp"][1] < 0.02
 
 
 def test_the_decision_is_cheap():

@@ -278,7 +278,7 @@ def test_draft_head_copy_is_lossless(models, make_engine, head):
     acc = {}
     for dh in ("", head):
         with make_engine(path, n_ctx=128, spec_type="draft-mtp",
-                         spec=SpecConfig(n_max=3, draft_head=dh)) as e:
+                         spec=SpecConfig(n_max=3, draft_head=dh, adaptive=False)) as e:
             assert e.weights.has("draft:head") == bool(dh)
             if dh:
                 assert e.mtp.weights.head is e.weights.get("draft:head")

@@ -44,7 +44,6 @@ class MtpShape:
     device_argmax: bool  # argmax + top probability in the graph (else full logits come back)
     draft_vocab: int = 0  # draft over token ids [0, draft_vocab) only (0: full vocabulary)
     sampling: int = 0  # plan id (Mtp.register_plan): the drafts' sampler chains in the graph
-    confidence: bool = False  # beside chain draws, the argmax's probability (draft budget)
     hot: bool = False  # score drafts over the hot vocabulary's rows (Mtp.hot)
 
 
@@ -231,7 +230,7 @@ class MtpGraph:
             if plan is not None:
                 # coupled drafts: the rows' sampler chains (with the target's noise for each
                 # token) in the graph; the logits stay an output for a host fallback
-                # argmax and confidence read the set's own rows (PAD never wins, adds 0 to
+                # the argmax reads the set's own rows (PAD never wins, adds 0 to
                 # a softmax; the set's ids ascend, so ties go to the same id): not the
                 # widened [n_vocab] rows the chains need
                 narrow = logits
@@ -244,12 +243,6 @@ class MtpGraph:
                 self.sampling = plan.build(ctx, graph, logits, 1)
                 src = narrow if self.hot is not None else logits
                 ids = b.cb(ctx.argmax(src), "mtp_argmax")
-                if shape.confidence:
-                    # the head's confidence (its argmax's probability): the draft-length
-                    # budget's measure, whichever token the chain drew; a full-vocabulary
-                    # softmax, so only when a budget reads it
-                    self.top = self._top_prob(b, ctx, src, ids, shape.n_outputs).set_output()
-                    graph.expand(self.top)
                 self.ids = self._hot_ids(b, ctx, ids, shape.n_outputs).set_output()
                 graph.expand(self.ids)
             elif shape.device_argmax:
@@ -380,7 +373,6 @@ class Mtp(GraphRunner):
         self.kv = kv
         self.device_argmax = device_argmax
         self.draft_vocab = draft_vocab
-        self.confidence = False  # graph-sampled drafts also report the head's confidence
         self.n_evals = 0
         self.hot: HotHead | None = None
         if hot_rows:
@@ -401,7 +393,7 @@ class Mtp(GraphRunner):
         end = int((mb.pos0 + T).max())
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), len(mb.outputs),
                          self.device_argmax and not mb.logits, self.draft_vocab, mb.sampling,
-                         self.confidence and mb.sampling != 0, mb.hot and self.hot is not None)
+                         mb.hot and self.hot is not None)
         res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s,
                                                      self.plans.get(s.sampling), self.hot),
                            lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read(mb))

@@ -77,6 +77,35 @@ class Drafter(Protocol):
     def counters(self) -> dict: ...
 
 
+class Stateless:
+    """The calls a kind that keeps nothing per slot (beyond what it can rebuild from the
+    history) answers with nothing: mix it in and write ``draft`` (and, if it learns from
+    outcomes, ``accepted``)."""
+
+    needs_hidden = False
+
+    def begin(self, slot: int, prompt: Sequence[int]) -> None:
+        pass
+
+    def prompt(self, parts: list) -> None:
+        pass
+
+    def accepted(self, slot: int, draft: Draft, n: int, emitted: Sequence[int]) -> None:
+        pass
+
+    def committed(self, slot: int, tokens: list[int], hidden: np.ndarray | None) -> None:
+        pass
+
+    def forget(self, slot: int) -> None:
+        pass
+
+    def state(self, slot: int) -> tuple:
+        return ()  # (None would mean "unknown")
+
+    def restore(self, slot: int, state: Any) -> None:
+        pass
+
+
 class Drafters:
     """Several kinds behind the one interface, in :data:`KINDS` order: each step the first
     kind whose proposal for a sequence is not empty drafts it (llama.cpp's rule); the

@@ -16,18 +16,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from pyggspec.speculative.drafter import Draft, DraftItem
+from pyggspec.speculative.drafter import Draft, DraftItem, Stateless
 
 TABLE_MAX = 4 * 1024 * 1024 // 4  # llama.cpp's 4M entries at its 0.25 occupancy threshold
 LOW_ACCEPT = 0.25  # a round below this share accepted is a low one
 LOW_ROUNDS = 5  # low rounds in a row that reset the table
 
 
-class NgramMod:
+class NgramMod(Stateless):
     """The ngram-mod drafter (see the module docstring)."""
 
     name = "ngram-mod"
-    needs_hidden = False
 
     def __init__(self, n_match: int = 24, n_min: int = 48, n_max: int = 64) -> None:
         self.n, self.n_min, self.n_max = n_match, n_min, n_max
@@ -103,21 +102,9 @@ class NgramMod:
         else:
             self._low[slot] = 0
 
-    def prompt(self, parts) -> None:
-        pass
-
-    def committed(self, slot: int, tokens: list[int], hidden) -> None:
-        pass
-
     def forget(self, slot: int) -> None:
         self._last.pop(slot, None)
         self._low.pop(slot, None)
-
-    def state(self, slot: int) -> tuple:
-        return ()
-
-    def restore(self, slot: int, state) -> None:
-        pass
 
     def counters(self) -> dict:
         return {"proposals": self.n_proposals, "table": len(self.table),

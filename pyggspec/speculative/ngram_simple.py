@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from pyggspec.speculative.drafter import Draft, DraftItem
+from pyggspec.speculative.drafter import Draft, DraftItem, Stateless
 
 
 def simple_draft(tokens: np.ndarray, pending: int, size_n: int, size_m: int) -> list[int]:
@@ -39,11 +39,10 @@ def simple_draft(tokens: np.ndarray, pending: int, size_n: int, size_m: int) -> 
     return tokens[match + size_n: match + size_n + n].tolist()
 
 
-class NgramSimple:
+class NgramSimple(Stateless):
     """The ngram-simple drafter (see the module docstring)."""
 
     name = "ngram-simple"
-    needs_hidden = False
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1) -> None:
         self.size_n, self.size_m, self.min_hits = size_n, size_m, min_hits
@@ -80,27 +79,9 @@ class NgramSimple:
                 out[it.slot] = Draft(toks, [1.0] * len(toks))
         return out
 
-    def begin(self, slot: int, prompt: Sequence[int]) -> None:
-        pass
-
-    def prompt(self, parts) -> None:
-        pass
-
-    def accepted(self, slot: int, draft: Draft, n: int, emitted: Sequence[int]) -> None:
-        pass
-
-    def committed(self, slot: int, tokens: list[int], hidden) -> None:
-        pass
-
     def forget(self, slot: int) -> None:
         self._hist.pop(slot, None)
         self._len.pop(slot, None)
-
-    def state(self, slot: int) -> tuple:
-        return ()
-
-    def restore(self, slot: int, state) -> None:
-        pass
 
     def counters(self) -> dict:
         return {"lookups": self.n_lookups, "proposals": self.n_proposals}
