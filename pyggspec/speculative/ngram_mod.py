@@ -43,8 +43,8 @@ class NgramMod(Stateless):
             table[tuple(tokens[i: i + n])] = tokens[i + n]
 
     def _reset(self) -> None:
+        """The table emptied (the slots' ``i_last`` stay, as in llama.cpp)."""
         self.table.clear()
-        self._last.clear()
         self.n_resets += 1
 
     def begin(self, slot: int, prompt: Sequence[int]) -> None:
@@ -98,7 +98,7 @@ class NgramMod(Stateless):
             self._low[slot] = self._low.get(slot, 0) + 1
             if self._low[slot] >= LOW_ROUNDS:
                 self._reset()
-                self._low[slot] = 0
+                self._low[slot] = self._last[slot] = 0
         else:
             self._low[slot] = 0
 

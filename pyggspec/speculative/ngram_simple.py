@@ -27,12 +27,16 @@ def simple_draft(tokens: np.ndarray, pending: int, size_n: int, size_m: int) -> 
     if cur <= size_n + size_m + 1:
         return []
     pattern = np.append(tokens[cur - size_n + 1:], np.int32(pending))
-    # candidate starts j = 1 .. cur - size_n - 1 (llama.cpp's backward loop, j > 0)
-    windows = sliding_window_view(tokens[: cur - 1], size_n)[1:]
-    hits = np.flatnonzero((windows == pattern).all(axis=1))
+    # starts j = 1 .. cur - size_n - 1 (llama.cpp's backward loop, j > 0) where the
+    # pattern's first token is, then their whole windows (~15x less work on long texts)
+    cand = np.flatnonzero(tokens[1: cur - size_n] == pattern[0]) + 1
+    if not len(cand):
+        return []
+    windows = sliding_window_view(tokens[: cur - 1], size_n)[cand]
+    hits = cand[(windows == pattern).all(axis=1)]
     if not len(hits):
         return []
-    match = int(hits[-1]) + 1  # the last one: the first the backward search meets
+    match = int(hits[-1])  # the last one: the first the backward search meets
     n = min(size_m, cur - (match + size_n))
     if n < size_n:
         return []
@@ -52,9 +56,12 @@ class NgramSimple(Stateless):
         self.n_proposals = 0
 
     def _history(self, slot: int, tokens: Sequence[int]) -> np.ndarray:
-        """``tokens`` as int32, appending to the cached copy when the history only grew."""
+        """``tokens`` as int32, appending to the cached copy when the history grew with its
+        last cached tokens unchanged (a request's steps); rebuilt otherwise. A new request
+        in the slot clears the copy (:meth:`begin`)."""
         have, n = self._hist.get(slot), self._len.get(slot, 0)
-        if have is None or n > len(tokens) or (n and have[n - 1] != tokens[n - 1]):
+        if (have is None or n > len(tokens)
+                or any(have[i] != tokens[i] for i in range(max(0, n - 4), n))):
             have, n = np.zeros(max(256, 2 * len(tokens)), np.int32), 0
         if len(tokens) > len(have):
             have = np.concatenate([have[:n], np.zeros(len(tokens), np.int32)])
@@ -82,6 +89,9 @@ class NgramSimple(Stateless):
     def forget(self, slot: int) -> None:
         self._hist.pop(slot, None)
         self._len.pop(slot, None)
+
+    def begin(self, slot: int, prompt: Sequence[int]) -> None:
+        self.forget(slot)  # a new request: its history is not the cached one
 
     def counters(self) -> dict:
         return {"lookups": self.n_lookups, "proposals": self.n_proposals}

@@ -68,6 +68,17 @@ def test_simple_drafter_caps_stops_and_follows_a_changed_history():
     assert d.counters()["lookups"] == 7
 
 
+def test_simple_drafter_forgets_the_history_of_the_last_request():
+    """A new request's history may have the old one's length and last token: ``begin``
+    drops the cached copy, so the draft is llama.cpp's for the new history."""
+    d = NgramSimple(size_n=2, size_m=3)
+    old, new = [1, 2, 3, 4, 5, 6, 7, 1, 2], [5, 2, 4, 4, 6, 9, 9, 0, 2]
+    d.draft(_items(0, 3, 8), lambda s: old)
+    d.begin(0, new)
+    got = d.draft(_items(0, 4, 8), lambda s: new)
+    assert (got[0].tokens if got else []) == reference_simple(new, 4, 2, 3)
+
+
 def test_mod_drafts_the_continuation_of_a_repeated_text():
     d = NgramMod(n_match=3, n_min=2, n_max=6)
     text = list(range(10, 30))
