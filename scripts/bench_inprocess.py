@@ -155,9 +155,9 @@ def main() -> int:
     ap.add_argument("-c", "--ctx", type=int, default=2048, help="context per sequence")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--repeat", action="store_true",
-                    help="prompts whose greedy continuation is text they already hold: the "
-                         "model's own greedy chain S (n + 48 tokens), other tokens, then the "
-                         "first 16 tokens of S (for the n-gram kinds)")
+                    help="prompts whose greedy continuation is text they already hold: a "
+                         "prompt, the model's own greedy chain S after it (n + 48 tokens), "
+                         "other tokens, then the first 16 tokens of S (for the n-gram kinds)")
     ap.add_argument("--steps", action="store_true",
                     help="also report each engine's time per step shape (sequences x rows)")
     ap.add_argument("--turns", choices=["request", "step"], default="request",
@@ -170,12 +170,12 @@ def main() -> int:
     prompts = [benchlib.bench_prompt(32, path, seed=i) for i in range(P)]
     engines = {name: make_engine(path, name, P, args.ctx, args.threads)
                for name in args.engines}
-    if args.repeat:  # S + other tokens + S[:16]: the continuation is the rest of S
+    if args.repeat:  # prompt + S + other tokens + S[:16]: the continuation is S[16:]
         first = next(iter(engines.values()))
-        chains = [p + first.generate(p, max_tokens=args.n + 48, ignore_eos=True).tokens
+        chains = [first.generate(p, max_tokens=args.n + 48, ignore_eos=True).tokens
                   for p in prompts]
         other = benchlib.bench_prompt(8, path, seed=99)
-        prompts = [c + other + c[:16] for c in chains]
+        prompts = [p + c + other + c[:16] for p, c in zip(prompts, chains)]
     for e in engines.values():  # warm-up: graphs built before anything is timed
         e.generate_batch([prompts[0][:8]], max_tokens=4, ignore_eos=True)
     steps: dict[str, list] = {name: [] for name in engines}

@@ -228,7 +228,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         if stream is not None:
             sys.stdout.write(detok.flush())
         memory = engine.memory()
-        stats = results.stats.to_dict() if engine.spec_type else None
+        stats = results.stats.to_dict(engine.spec_type) if engine.spec_type else None
         if stats is not None:  # how the drafts of sampling chains were made
             d = engine.drafter
             stats["drafters"] = d.counters()  # each kind's own counts
