@@ -111,7 +111,8 @@ class Drafters:
     kind whose proposal for a sequence is not empty drafts it (llama.cpp's rule); the
     sequence's outcome goes back to that kind, committed tokens to all. ``caps`` per kind
     (the draft-length rule's lengths) bound each kind's drafts; a kind given 0 is not
-    asked."""
+    asked. The slots' saved states are the MTP head's carry-over (``mtp``): the n-gram
+    kinds keep nothing a checkpoint needs."""
 
     def __init__(self, kinds: Sequence[Drafter]) -> None:
         order = {k: i for i, k in enumerate(KINDS)}
@@ -160,20 +161,6 @@ class Drafters:
     def forget(self, slot: int) -> None:
         for d in self.kinds:
             d.forget(slot)
-
-    def state(self, slot: int) -> dict[str, Any] | None:
-        """The kinds' states of ``slot`` (None: some kind cannot say what it holds)."""
-        s = {d.name: d.state(slot) for d in self.kinds}
-        return None if any(v is None and d.needs_hidden for d, v in zip(self.kinds, s.values())) \
-            else s
-
-    def restore(self, slot: int, state: Mapping[str, Any] | None) -> None:
-        for d in self.kinds:
-            v = None if state is None else state.get(d.name)
-            if v is None:
-                d.forget(slot)
-            else:
-                d.restore(slot, v)
 
     def counters(self) -> dict:
         return {d.name: {"drafts": self._wins[d.name], **d.counters()} for d in self.kinds}

@@ -46,7 +46,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         # llama-server's meta first, then pyggspec's
         meta = state.model_info.meta(state.n_ctx)
         meta.update({"n_parallel": state.n_parallel, "synthetic": cfg.synthetic,
-                     "speculative": "draft-mtp" if state.speculative else None,
+                     "speculative": getattr(state.engine, "spec_type", None),
                      "spec_draft_n_max": state.n_max})
         if cfg.synthetic:
             meta["note"] = ("built-in SYNTHETIC demo model: random weights, constructed MTP "
