@@ -330,6 +330,6 @@ def _make_mtp_drafter(p: Parts):
 
         hot = HotVocab(p.mtp.hot.pos.ne[1], p.mtp.hot.rows.ne[1])
     return MtpDrafter(p.mtp, p.memory, p.hp.n_embd, cfg.spec.n_min, cfg.spec.p_min,
-                      coupled=mode == "coupled", device=head_dev,
+                      cfg.spec.n_max, coupled=mode == "coupled", device=head_dev,
                       backend_sampling=chains_in_graph, probabilistic=mode == "probabilistic",
                       hot=hot)

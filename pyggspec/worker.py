@@ -239,8 +239,7 @@ class Worker:
             if not self._commit(it.slot, committed, planes[b], ub.tokens.shape, b):
                 replay[it.slot] = committed  # checkpoint rollback: re-evaluate them
                 so.target_evals += 1
-            if it.spec:
-                self.drafter.committed(it.slot, committed, hidden[b, : n + 1])
+            self.drafter.committed(it.slot, committed, hidden[b, : n + 1])
         out.target_evals += 1
         out.mtp_evals += n_mtp
         if replay:

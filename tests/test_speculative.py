@@ -137,7 +137,7 @@ def test_acceptance_at_095_agreement(models, make_engine):
     """One draft per step measures the head's agreement itself (deeper drafts compound)."""
     path = agreement_model(models, "dense", 0.95)
     with make_engine(path, n_ctx=512, load_tokenizer=True, spec_type="draft-mtp",
-                     spec=SpecConfig(n_max=1)) as e:
+                     spec=SpecConfig(n_max=1, adaptive=False)) as e:
         g = e.generate_batch([PROMPTS[0]], max_tokens=200, ignore_eos=True)
         assert g.stats.acceptance >= 0.9
 
@@ -171,7 +171,7 @@ def test_state_after_rollback_equals_plain_decoding(models, make_engine):
     """After speculation the KV rows and the conv/SSM states equal plain decoding's."""
     path = agreement_model(models, "dense", 0.6)
     with make_engine(path, n_ctx=256, load_tokenizer=True, spec_type="draft-mtp",
-                     spec=SpecConfig(n_max=3, rollback="snapshot")) as e:
+                     spec=SpecConfig(n_max=3, rollback="snapshot", adaptive=False)) as e:
         g = e.generate_batch([PROMPTS[0]], max_tokens=25, ignore_eos=True)
         out = g[0].tokens
         assert 0 < g.stats.n_accepted < g.stats.n_drafted  # partial acceptance happened

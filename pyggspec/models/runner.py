@@ -83,7 +83,7 @@ class GraphRunner:
         self.compute_ms_total = 0.0  # device time of all steps (graph compute)
         self.build_ms_total = 0.0  # graph builds and (re)allocations
         # the part of build_ms_total spent building graphs (not allocating a built one):
-        # once per shape, so a step's cost as the draft budget learns it leaves it out
+        # once per shape, so a step's cost as the draft-length rule learns it leaves it out
         self.new_graph_ms_total = 0.0
 
     def register_plan(self, plan) -> int:

@@ -12,8 +12,8 @@ never change the output (speculative/verify.py). llama.cpp's ``common_speculativ
     forget(slot) / state / restore the slot's own state (checkpoints, slot copies)
     counters()                     its own counts, for ``--json`` and ``/metrics``
 
-A new kind is one module with a class of these methods and a line in :data:`KINDS`
-(speculative/ngram.py is the worked example). :class:`Drafters` runs several kinds as
+A new kind is one module with a class of these methods, a line in :data:`KINDS` and a
+branch in ``assemble._make_drafters`` (speculative/ngram_simple.py is the worked example). :class:`Drafters` runs several kinds as
 llama.cpp's ``--spec-type a,b`` does: in a fixed order of preference, the first kind that
 proposes a draft for a sequence wins that sequence's step.
 """

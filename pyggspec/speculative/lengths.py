@@ -117,7 +117,9 @@ class DraftLengths:
         """Survival, step costs in plain steps, and the lengths chosen, per kind."""
         out: dict = {}
         for name in self.kinds:
-            batches = sorted({B for B, kd, _ in self._cost if kd == name})
+            # (batch sizes whose plain step is measured: a ratio needs both sides)
+            batches = sorted({B for B, kd, _ in self._cost
+                              if kd == name and (B, "", 0) in self._cost})
             out[name] = {"survival": [round(x, 4) for x in self.survival[name]],
                          "ratios": {f"{B}x{k}": round(r, 3) for B in batches
                                     for k, r in enumerate(self.ratios(B, name))

@@ -153,6 +153,7 @@ class MtpDrafter:
     needs_hidden = True
 
     def __init__(self, mtp: Mtp, memory, n_embd: int, n_min: int = 0, p_min: float = 0.0,
+                 n_max: int = 3,
                  coupled: bool = False, device=None, backend_sampling: bool = True,
                  probabilistic: bool = False, hot: HotVocab | None = None) -> None:
         self.mtp = mtp
@@ -162,6 +163,7 @@ class MtpDrafter:
         self._no_rows = np.zeros((0, n_embd), np.float32)  # a consumed carry's (never written)
         self.n_embd = n_embd
         self.n_min = n_min
+        self.n_max = n_max  # the engine's cap: a verify step leaves at most n_max + 1 owed
         self.p_min = p_min
         self.coupled = coupled
         self.probabilistic = probabilistic  # sampling chains draw drafts from q (rejection)
@@ -425,7 +427,7 @@ class MtpDrafter:
         drafts. Pairs owed by steps that did not draft are written first, on their own
         (:attr:`catch_up_ms`). The pairs are written, so each carry becomes empty (the
         pending token's pair included)."""
-        owed = [it.slot for it in items if len(self.carry[it.slot].tokens) > it.cap + 1]
+        owed = [it.slot for it in items if len(self.carry[it.slot].tokens) > self.n_max + 1]
         if owed:
             t0 = time.perf_counter()
             self.flush(*owed)
