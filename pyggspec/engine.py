@@ -98,8 +98,37 @@ class Stream:
 class Engine:
     """A loaded model ready to evaluate and generate.
 
-    ``n_parallel`` sequence slots share the weights; each has its own KV cells and
-    recurrent state. Sequence ids are slot numbers ``0..n_parallel-1``.
+    ``Engine(model_path, **settings)`` or ``Engine(model_path, config=EngineConfig(...))``
+    (not both). ``model_path`` is a Qwen3.5/3.6 GGUF (MTP head grafted or not). The
+    keyword settings are the fields of :class:`~pyggspec.config.EngineConfig`, with
+    llama.cpp's flag in brackets; the ones most used:
+
+    - ``spec_type`` (``--spec-type``): ``None`` for plain decoding, ``"draft-mtp"`` to
+      draft with the MTP head, ``"ngram-simple"`` / ``"ngram-mod"``, or several joined by
+      commas (the first kind with a proposal drafts).
+    - ``spec`` (``--spec-draft-*``): a :class:`~pyggspec.config.SpecConfig`: ``n_max``
+      (the cap on drafts per step, 3), ``adaptive=False`` for llama.cpp's fixed length
+      (default: the draft-length rule chooses 0..n_max each step), ``rollback``.
+    - ``mtp_path`` (``-md``): an MTP-only GGUF when the head is in its own file.
+    - ``sampling``: the default :class:`~pyggspec.sampling.params.SamplingParams`
+      (greedy, ``temp=0``, unless given); each call may pass its own.
+    - ``n_ctx`` (``-c``, 4096; 0: the training context), ``n_parallel`` (``-np``, 1:
+      sequence slots sharing the weights, each with its own KV cells and recurrent state;
+      sequence ids are slot numbers ``0..n_parallel-1``), ``n_threads`` (``-t``).
+    - ``n_gpu_layers`` (``-ngl``: a number, ``"all"`` or ``"auto"``), ``device``
+      (``-dev``), ``override_tensor`` (``-ot``), ``repack`` (``-nr`` turns it off).
+    - ``load_tokenizer`` (False for token ids only), ``progress`` (load progress on
+      stderr; None: when stderr is a terminal).
+
+    A bad setting raises :class:`~pyggspec.config.ConfigError` (a ``ValueError``) naming
+    its flag; a bad file a :class:`~pyggspec.errors.PyggspecError`. Use it as a context
+    manager, or call :meth:`close`, to free the device memory.
+
+    Generation: :meth:`generate` (one prompt -> :class:`~pyggspec.serving.request.Result`),
+    :meth:`stream` (:class:`Piece` by piece), :meth:`generate_batch` (several prompts in
+    shared batches), :meth:`submit` (a queued :class:`~pyggspec.serving.request.Request`).
+    Evaluation: :meth:`eval`, :meth:`decode`. With speculation the tokens are the same as
+    plain decoding's (greedy, and seeded sampling with the default coupled drafts).
     """
 
     def __init__(self, model_path: str | os.PathLike, config: EngineConfig | None = None,
@@ -169,6 +198,8 @@ class Engine:
 
     # --- lifecycle ----------------------------------------------------------------
     def close(self) -> None:
+        """Stop the scheduler (requests still running are cancelled) and free the
+        weights, caches and graphs. The engine cannot be used afterwards."""
         sched = getattr(self, "scheduler", None)
         if sched is not None and sched.running:
             sched.stop(drain=False)
@@ -182,13 +213,16 @@ class Engine:
 
     # --- sequences --------------------------------------------------------------------
     def seq_len(self, seq_id: int = 0) -> int:
+        """Tokens held in slot ``seq_id``'s cache."""
         self.worker.check_slot(seq_id)
         return self.worker.memory.length(seq_id)
 
     def clear(self, seq_id: int) -> None:
+        """Empty slot ``seq_id`` (its KV cells, recurrent state and MTP cache)."""
         self.worker.clear(seq_id)
 
     def copy_seq(self, src: int, dst: int) -> None:
+        """Make slot ``dst`` hold what slot ``src`` holds (a shared prefix, forked)."""
         self.worker.copy(src, dst)
 
     # --- slot files (llama-server's --slot-save-path) ------------------------------------
@@ -241,9 +275,11 @@ class Engine:
 
     # --- tokens -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        """``text`` as the model's token ids (``add_special``: with its BOS if it has one)."""
         return self._tok().tokenize(text, add_special=add_special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
+        """The text of token ``ids``."""
         return self._tok().detokenize(ids)
 
     def _tok(self):
