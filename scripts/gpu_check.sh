@@ -50,6 +50,10 @@ Steps
             whether to call again. Builds and tests overlap where they can (b11549 builds while
             the tests run). Repeat the same call until it prints "gpu_check: FINISHED".
   status    what is built and done (stage stamps in .gpu/build/stamps, the worker in /tmp)
+  plan      (or --dry-run) print the time plan of one device draw for these options: the
+            measured build times, the model writer's measured throughput, the estimated
+            benchmark row groups in priority order, what fits --budget (scripts/gpu_check/
+            plan.py). Needs no GPU and no build.
 
 Options
   --backend cuda|vulkan   GPU backend (default cuda). vulkan reuses the llama-cpp-python
@@ -57,11 +61,19 @@ Options
   --device NAME           ggml device for pyggspec and the tests (default CUDA0 / Vulkan0)
   --quick                 small run: one model (0.8B-shaped; vulkan: tiny), agreement 0.95,
                           fewer tokens, n_max 1-3, 1 repetition
-  --shapes "S ..."        model shapes for the benchmarks: 0.8b 9b (default both), tiny
-                          (n_embd 64, 1024-token vocabulary: a smoke test of the script; on
-                          lavapipe llama-server decodes the 0.8B shape at ~0.4 t/s)
+  --shapes "S ..."        model shapes for the benchmarks (scripts/gpu_check/shapes.py, with
+                          the sources of their hyper-parameters): 27b 35b-a3b (default: the
+                          Qwen3.6-27B dense and Qwen3.6-35B-A3B MoE shapes, one 4-bit file
+                          each, trunk layers of a kind sharing weights, the MTP head
+                          rewritten per agreement; persistent processes per row group);
+                          tiny-dense tiny-moe (their stand-ins off a GPU: the same code
+                          paths); 0.8b 9b tiny (rows 50-54: Q8_0, a fresh process per run;
+                          tiny on lavapipe: llama-server decodes 0.8B there at ~0.4 t/s)
+  --quant q4_k|q4_0|q8_0  the large shapes' type (default q4_k: every 2-D weight Q4_K, rows
+                          outside 256-blocks Q8_0; q8_0 would not fit both shapes on 64 GiB)
   --budget MIN            minutes the whole device run may take from the first `device` call
                           (default 25); benchmarks that would not fit are skipped and listed
+                          (large shapes: by plan.py's estimate scaled by what ran so far)
   --follow SEC            how long one `device` call follows the worker (default 540)
   --test-timeout SEC      the device tests' time limit (default 480; vulkan: 1800)
   --cuda-arch LIST        CMAKE_CUDA_ARCHITECTURES (default 90)
@@ -74,26 +86,39 @@ Options
 
 The device calls (the lead session makes them; the device tool is no shell command)
   0. Here: scripts/gpu_check.sh prepare     (network; ~15 MiB in .gpu/carry; checks the size)
+     and  scripts/gpu_check.sh --dry-run --budget 12.5 --skip-new   (the time plan: it must
+     say "fits" for the draw's 15 minutes)
   1. device.run  kind: left out, timeout_s: 600, carry: [".gpu/carry"],
-                 command: "scripts/gpu_check.sh device --budget 11.5 --shapes 0.8b --skip-new"
-     That fits a session's 15 minutes of device time with the machine's start. Measured on
-     an H200 (2026-11-27): llama-cpp-python CUDA 240 s on 16 cores, llama-server 0.3.36
-     44 s, wheels and native binding 7 s, the 0.8B models 47 s alongside; the whole run
-     (tests, then benchmarks, one run per MTP setting then, 5 paired reps now) finished 7
-     minutes after the first call.
-     With 25+ minutes: "--budget 25" alone also builds b11549 (another CUDA build, alongside
-     the tests) and benchmarks the 9B shape.
+                 command: "scripts/gpu_check.sh device --budget 12.5 --skip-new"
+     The worker builds llama-cpp-python with CUDA (H200, 2026-11-27: 298-308 s on 16 cores),
+     the binding (6 s) and llama-server 0.3.36 on that ggml (53-63 s; the device tests run
+     beside it, 16 s), and writes the Qwen3.6-27B and -35B-A3B shaped models beside the
+     builds (Q4_K, 14.3 + 18.7 GiB; measured here: 354 + 452 CPU seconds). Then the row
+     groups, in this order, each started only if plan.py's estimate (scaled by what the
+     groups before it took) ends by --budget: 27B and 35B-A3B at ~0.95 -np 1 (plain, our
+     default, fixed n_max 1-4, llama-server plain and n_max 1-4, 3 paired reps, prefill
+     pp512); per shape -np 4 (plain, default, each engine's best n_max) then serve -np 8
+     with 1/4/8 clients (plain and draft-mtp, both engines); ~0.70 at -np 1; b11549 (only
+     without --skip-new). Every run reaches gpu_check.json at once; the step split (verify,
+     MTP runs, host, syncs, rebuilds; llama-server's steps and graph reuse) is in the notes.
+     Machine start (~1.5 min) + 12.5 + the last reply fits 15 minutes (--dry-run shows it).
+     With 25+ minutes: "--budget 22" alone also builds b11549 (beside llama-server 0.3.36)
+     and runs its rows last.
   2. The very same call again, at once (a machine idle for 30 s is given back and its builds
-     are lost), until a reply ends with "gpu_check: FINISHED". The benchmarks run until
-     --budget minutes after the first call (items that would not fit are skipped and listed
-     in the table). Each reply returns $OUT: gpu_check.md (the table), gpu_check.json (every
-     run), tests.log, worker.log, timings.txt, build_logs_tail.txt.
+     are lost), until a reply ends with "gpu_check: FINISHED" (two calls for --budget 12.5).
+     Each reply returns $OUT: gpu_check.md (the table), gpu_check.json (every run),
+     plan.txt, tests.log, worker.log, timings.txt, build_logs_tail.txt (models.log in it).
   3. give_back at once after the FINISHED reply (idle time counts against the budget).
   A reply that says "starting on a fresh machine" on a later call means the last machine was
   lost: everything starts again, with a new budget clock; lower --budget by the minutes spent.
   Manual alternative (no detached worker, same carry): "scripts/gpu_check.sh build" (repeat
   it if a call ends at its 10 minutes: the builds resume), then "scripts/gpu_check.sh run
   --budget 9" (the benchmarks stop taking items after 9 minutes).
+  The shapes of rows 50-54: --shapes 0.8b (add 9b with more time), as before.
+
+Off a GPU (the whole plan on CPU, tiny stand-ins; a Python 3.12 like the device's):
+  GPU_CHECK_NO_CUDA=1 scripts/gpu_check.sh --device CPU --shapes "tiny-dense tiny-moe" \
+    --budget 60 --skip-new -j 2 device      (repeat until FINISHED)
 
 Local Vulkan check (Mesa lavapipe on this 2-core VM): after `CMAKE_ARGS=-DGGML_VULKAN=on
 ./install.sh`:  scripts/gpu_check.sh prepare && scripts/gpu_check.sh --backend vulkan --quick
@@ -109,6 +134,7 @@ BACKEND=cuda
 DEVICE=""
 QUICK=0
 SHAPES=""
+QUANT=q4_k
 BUDGET=25
 FOLLOW=540
 TEST_TIMEOUT=""
@@ -124,7 +150,9 @@ while [ $# -gt 0 ]; do
     --backend=*) BACKEND=${1#*=}; shift ;;
     --device) [ $# -ge 2 ] || die "--device needs a name"; DEVICE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
-    --shapes) [ $# -ge 2 ] || die "--shapes needs a list (0.8b 9b tiny)"; SHAPES=$2; shift 2 ;;
+    --shapes) [ $# -ge 2 ] || die "--shapes needs a list (27b 35b-a3b tiny-dense tiny-moe 0.8b 9b tiny)"; SHAPES=$2; shift 2 ;;
+    --quant) [ $# -ge 2 ] || die "--quant needs q4_k, q4_0 or q8_0"; QUANT=$2; shift 2 ;;
+    --dry-run) [ -z "$STEP" ] || [ "$STEP" = plan ] || die "--dry-run is the plan step (got $STEP)"; STEP=plan; shift ;;
     --budget) [ $# -ge 2 ] || die "--budget needs minutes"; BUDGET=$2; shift 2 ;;
     --follow) [ $# -ge 2 ] || die "--follow needs seconds"; FOLLOW=$2; shift 2 ;;
     --test-timeout) [ $# -ge 2 ] || die "--test-timeout needs seconds"; TEST_TIMEOUT=$2; shift 2 ;;
@@ -132,17 +160,23 @@ while [ $# -gt 0 ]; do
     --skip-new) SKIP_NEW=1; shift ;;
     -j|--jobs) [ $# -ge 2 ] || die "--jobs needs a number"; JOBS=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || die "--out needs a folder"; OUTDIR=$2; shift 2 ;;
-    prepare|build|test|bench|run|device|status|_worker|_build_new)
+    prepare|build|test|bench|run|device|status|plan|_worker|_build_new|_build_server)
       [ -z "$STEP" ] || die "one step at a time (got $STEP and $1)"; STEP=$1; shift ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
-[ -n "$STEP" ] || die "no step given: prepare, build, test, bench, run, device or status (see --help)"
+[ -n "$STEP" ] || die "no step given: prepare, build, test, bench, run, device, plan or status (see --help)"
 case "$BACKEND" in cuda|vulkan) ;; *) die "--backend must be cuda or vulkan, not '$BACKEND'" ;; esac
 [[ "$BUDGET" =~ ^[0-9]+([.][0-9]+)?$ ]] || die "--budget must be minutes, not '$BUDGET'"
+SMALL=0
 for s_ in $SHAPES; do
-  case "$s_" in 0.8b|9b|tiny) ;; *) die "--shapes: unknown shape '$s_' (0.8b, 9b, tiny)" ;; esac
+  case "$s_" in
+    27b|35b-a3b|tiny-dense|tiny-moe) ;;
+    0.8b|9b|tiny) SMALL=1 ;;
+    *) die "--shapes: unknown shape '$s_' (27b, 35b-a3b, tiny-dense, tiny-moe; 0.8b, 9b, tiny)" ;;
+  esac
 done
+case "$QUANT" in q4_k|q4_0|q8_0) ;; *) die "--quant must be q4_k, q4_0 or q8_0, not '$QUANT'" ;; esac
 [[ "$FOLLOW" =~ ^[0-9]+$ ]] || die "--follow must be seconds, not '$FOLLOW'"
 [ -z "$TEST_TIMEOUT" ] || [[ "$TEST_TIMEOUT" =~ ^[0-9]+$ ]] || die "--test-timeout must be seconds, not '$TEST_TIMEOUT'"
 [ -z "$JOBS" ] || [[ "$JOBS" =~ ^[0-9]+$ ]] || die "--jobs must be a number, not '$JOBS'"
@@ -405,7 +439,7 @@ check_vulkan_install() {
     die "the installed llama_cpp ($lib) has no Vulkan backend: run CMAKE_ARGS=-DGGML_VULKAN=on ./install.sh first"
 }
 
-build_base() {  # sources, wheels, llama-cpp-python, native binding, llama-server 0.3.36
+build_core() {  # sources, wheels, llama-cpp-python, native binding
   python_env
   unpack_sources
   if ! done_ wheels; then
@@ -428,11 +462,16 @@ build_base() {  # sources, wheels, llama-cpp-python, native binding, llama-serve
     grep -q "^$DEVICE " "$RESULTS/devices.txt" || die "pyggspec devices does not list $DEVICE"
     stamp native
   fi
+}
+
+build_server() {  # llama-server 0.3.36 on llama-cpp-python's ggml
   if ! done_ old_server; then
     timed "llama-server $LCP_VERSION (system ggml)" "$RESULTS/build_server_$LCP_VERSION.log" build_old_server
     stamp old_server
   fi
 }
+
+build_base() { build_core; build_server; }  # sources ... llama-server 0.3.36
 
 build_new() {
   if [ "$SKIP_NEW" = 1 ]; then say "llama-server $NEW_TAG: skipped (--skip-new)"; return 0; fi
@@ -476,6 +515,7 @@ step_bench() {
   [ "$QUICK" = 1 ] && q=(--quick)
   # shellcheck disable=SC2206  # a list of words on purpose
   [ -n "$SHAPES" ] && q+=(--shapes $SHAPES)
+  q+=(--quant "$QUANT" --budget "$BUDGET")
   t0=$(date +%s)
   local builds=()
   [ -x "$OLD_TOOLS/bin/llama-server" ] && builds+=(--llama "$LCP_VERSION=$OLD_TOOLS")
@@ -493,13 +533,13 @@ copy_out() {
   [ -n "$OUTDIR" ] || return 0
   mkdir -p "$OUTDIR"
   local f
-  for f in gpu_check.md gpu_check.json tests.log; do
+  for f in gpu_check.md gpu_check.json tests.log plan.txt; do
     [ -f "$RESULTS/$f" ] && cp "$RESULTS/$f" "$OUTDIR/"
   done
   [ -f "$STATE/worker.log" ] && cp "$STATE/worker.log" "$OUTDIR/worker.log"
   # build logs: only the tails (the device tool returns at most 8 files)
   : >"$OUTDIR/build_logs_tail.txt"
-  for f in "$RESULTS"/build_*.log; do
+  for f in "$RESULTS"/build_*.log "$RESULTS"/models.log; do
     [ -f "$f" ] || continue
     { echo "==> $f"; tail -n 60 "$f"; } >>"$OUTDIR/build_logs_tail.txt"
   done
@@ -520,17 +560,24 @@ start_models() {
   # alongside the builds (bench.py would write them too, later and one at a time)
   local q=() shape agr
   [ "$QUICK" = 1 ] && q=(--quick)
-  local shapes="${SHAPES:-0.8b 9b}"
+  local shapes="${SHAPES:-27b 35b-a3b}"
   if [ "$QUICK" = 1 ]; then
     if [ "$BACKEND" = vulkan ]; then shapes="${SHAPES:-tiny}"; else shapes="${SHAPES:-0.8b}"; fi
   fi
   : >"$RESULTS/models.log"
   MODEL_PIDS=()
+  local agrs
+  df -h "$ROOT" | sed 's/^/    /'
   for shape in $shapes; do
-    for agr in 0.95 0.70; do
+    case "$shape" in
+      # one file per large shape: the other agreement is its eh_proj rewritten (shapes.py)
+      27b|35b-a3b|tiny-dense|tiny-moe) agrs=0.95 ;;
+      *) agrs="0.95 0.70" ;;
+    esac
+    for agr in $agrs; do
       if [ "$QUICK" = 1 ] && [ "$agr" != 0.95 ]; then continue; fi
       nice -n 5 "$PY" scripts/gpu_check/bench.py --make-models --backend "$BACKEND" "${q[@]}" \
-        --shapes "$shape" --agreements "$agr" >>"$RESULTS/models.log" 2>&1 &
+        --quant "$QUANT" --shapes "$shape" --agreements "$agr" >>"$RESULTS/models.log" 2>&1 &
       MODEL_PIDS+=($!)
     done
   done
@@ -543,6 +590,19 @@ wait_models() {
   for pid in "${MODEL_PIDS[@]}"; do wait "$pid" || say "a model writer failed (see $RESULTS/models.log)"; done
   echo "models (waited) $(( $(date +%s) - t0 ))s" >>"$STATE/timings.txt"
   grep '^\[models\]' "$RESULTS/models.log" | sed 's/^/    /' || true
+}
+
+plan_text() {  # the time plan of one draw for these settings (bench.py --plan)
+  local q=(--plan --backend "$BACKEND" --quant "$QUANT" --budget "$BUDGET")
+  # shellcheck disable=SC2206  # a list of words on purpose
+  [ -n "$SHAPES" ] && q+=(--shapes $SHAPES)
+  [ "$SKIP_NEW" = 1 ] || q+=(--new-build)
+  [ "$QUICK" = 1 ] && q+=(--quick)
+  if [ "$QUICK" = 1 ] || [ "$SMALL" = 1 ]; then
+    echo "(no time plan for the small shapes: their benchmarks skip by seconds per run)"
+    return 0
+  fi
+  "$PY" scripts/gpu_check/bench.py "${q[@]}"
 }
 
 step_worker() {
@@ -559,13 +619,19 @@ step_worker() {
     stamp wheels
   fi
   start_models
-  build_base
-  local opts=(--backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" -j "$JOBS" --cuda-arch "$CUDA_ARCH" "${q[@]}")
+  plan_text | tee "$RESULTS/plan.txt" | sed 's/^/    /'
+  build_core
+  local opts=(--backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" -j "$JOBS" --cuda-arch "$CUDA_ARCH" --quant "$QUANT" "${q[@]}")
   [ "$SKIP_NEW" = 1 ] && opts+=(--skip-new)
   [ -n "$SHAPES" ] && opts+=(--shapes "$SHAPES")
+  # llama-server 0.3.36 (and b11549, unless --skip-new) build beside the device tests (they
+  # need llama-cpp-python and the binding only); the benchmarks wait for both builds
+  scripts/gpu_check.sh "${opts[@]}" _build_server &
+  local srvpid=$!
   scripts/gpu_check.sh "${opts[@]}" _build_new &
   local newpid=$!
   step_test || true
+  wait "$srvpid" || die "llama-server $LCP_VERSION did not build (see build_logs_tail.txt)"
   wait "$newpid" || rc=$?
   [ $rc -eq 0 ] || say "llama-server $NEW_TAG did not build (rc $rc): benchmarks use $LCP_VERSION only"
   wait_models
@@ -647,6 +713,8 @@ main() {
     status) step_status ;;
     _worker) step_worker ;;
     _build_new) python_env; build_new ;;
+    _build_server) python_env; build_server ;;
+    plan) python_env; plan_text ;;
   esac
 }
 

@@ -100,6 +100,12 @@ class ModelSpec:
     name: str = ""
     # Qwen's fill-in-the-middle tokens (<|fim_prefix|> ...) after the chat tokens (/infill)
     fim_tokens: bool = False
+    # benchmark models of 27B-35B parameters (scripts/gpu_check): every trunk layer of a
+    # kind (gated delta net / full attention) gets the weights of the first layer of that
+    # kind, sampled and quantized once, written at every layer's own offset (the engines
+    # still read each layer's own bytes: decoding speed is that of distinct weights). The
+    # MTP block, embeddings and LM head stay as without it.
+    shared_layers: bool = False
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -172,6 +178,14 @@ class ModelSpec:
         """HF ``layer_types``: every ``full_attention_interval``-th layer is full attention."""
         return (il + 1) % self.full_attention_interval != 0
 
+    def weights_layer(self, il: int) -> int:
+        """The trunk layer whose weights layer ``il`` holds: itself, or with
+        ``shared_layers`` the first trunk layer of its kind (the MTP block: itself)."""
+        if not self.shared_layers or il >= self.n_layer:
+            return il
+        kind = self.layer_is_recurrent(il)
+        return next(i for i in range(self.n_layer) if self.layer_is_recurrent(i) == kind)
+
     @property
     def model_name(self) -> str:
         return self.name or f"pyggspec-tiny-{self.arch}"
@@ -182,7 +196,7 @@ class ModelSpec:
     def digest(self) -> str:
         """Content hash of the spec (and the generator version): names cached files."""
         payload = dict(dataclasses.asdict(self), _v=GENERATOR_VERSION)
-        for opt_in in ("rope_scaling", "fim_tokens"):  # digests of older specs unchanged
+        for opt_in in ("rope_scaling", "fim_tokens", "shared_layers"):  # older digests kept
             if not payload[opt_in]:
                 del payload[opt_in]
         blob = json.dumps(payload, sort_keys=True, default=list).encode()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -97,6 +98,30 @@ _MTP_RENAME = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm",
                "pre_fc_norm_hidden": "hnorm", "norm": "shared_head.norm"}
 # Tensors the converter keeps in F32 whatever the outtype (by GGUF tensor kind).
 _F32_KINDS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
+# ggml quantization of tensors this large runs on threads, by row ranges (ggml quantizes rows
+# independently: the bytes are the same); PYGGSPEC_WRITER_THREADS=1 turns it off
+_PARALLEL_MIN = 1 << 24
+
+
+def writer_threads() -> int:
+    """Threads for one large tensor's quantization (default: the cores, at most 16)."""
+    n = os.environ.get("PYGGSPEC_WRITER_THREADS", "")
+    return max(1, int(n)) if n.strip() else min(16, os.cpu_count() or 1)
+
+
+def _quantize(qtype: int, rows: np.ndarray) -> bytes:
+    """``quantize_rows`` over row ranges on :func:`writer_threads` threads (the C call
+    releases the GIL) for large tensors; the same bytes as one call."""
+    from pyggspec.ggml.quantize import quantize_rows
+
+    n = writer_threads()
+    if rows.size < _PARALLEL_MIN or n == 1 or len(rows) < 2 * n:
+        return quantize_rows(qtype, rows)
+    step = -(-len(rows) // (4 * n))  # a few chunks per thread: even loads
+    with ThreadPoolExecutor(n) as pool:
+        parts = pool.map(lambda i: quantize_rows(qtype, rows[i:i + step]),
+                         range(0, len(rows), step))
+        return b"".join(parts)
 
 
 def gguf_name(hf_name: str) -> str:
@@ -131,16 +156,17 @@ class TensorEntry:
     shape: tuple[int, ...]
     qtype: QT
     make: Maker
+    # ModelSpec.shared_layers: the tensor whose data this one repeats (its own name for the
+    # first of them); "": data of its own
+    share: str = ""
 
     def data(self) -> np.ndarray:
         arr = self.make()
         if arr.shape != self.shape:
             raise AssertionError(f"{self.name}: made {arr.shape}, planned {self.shape}")
         if self.qtype in _GGML_QUANTIZED:
-            from pyggspec.ggml.quantize import quantize_rows
-
             rows = arr.astype(np.float32, copy=False).reshape(-1, arr.shape[-1])
-            raw = quantize_rows(int(self.qtype), rows)
+            raw = _quantize(int(self.qtype), rows)
             return np.frombuffer(raw, np.uint8).reshape(
                 quants.quant_shape_to_byte_shape(self.shape, self.qtype))
         try:
@@ -165,7 +191,17 @@ class _HFModel:
         self._build()
 
     # -- samplers --------------------------------------------------------------------------
+    def _key(self, key: str) -> str:
+        """The RNG key of a tensor: with ``shared_layers`` a trunk layer's tensors take the
+        keys of the layer whose weights they repeat (``ModelSpec.weights_layer``)."""
+        if not self.spec.shared_layers or not key.startswith("model.layers."):
+            return key
+        il, rest = key[len("model.layers."):].split(".", 1)
+        return f"model.layers.{self.spec.weights_layer(int(il))}.{rest}"
+
     def _normal(self, key: str, shape: tuple[int, ...], std: float) -> Maker:
+        key = self._key(key)
+
         def make() -> np.ndarray:
             a = rng_for(self.spec, key).standard_normal(shape, dtype=np.float32)
             a *= np.float32(std)
@@ -266,7 +302,8 @@ class _HFModel:
 
         def a_log() -> np.ndarray:
             # HF init: A ~ U(0, 16), A_log = log(A); keep away from 0
-            a = rng_for(spec, p + "A_log").uniform(1.0, 16.0, s.dt_rank).astype(np.float32)
+            a = rng_for(spec, self._key(p + "A_log")).uniform(1.0, 16.0, s.dt_rank).astype(
+                np.float32)
             return np.log(a)
 
         def norm() -> np.ndarray:  # plain (not zero-centred) RMSNorm weight
@@ -410,8 +447,16 @@ def plan_tensors(spec: ModelSpec, part: Part) -> list[TensorEntry]:
         for new_name, new_shape, new_make in _modify(name, shape, make, spec):
             g = gguf_name(new_name)
             entries.append(TensorEntry(g, new_shape, converter_qtype(g, new_shape, spec.dtype),
-                                       new_make))
+                                       new_make, _shared_name(g, spec)))
     return entries
+
+
+def _shared_name(g: str, spec: ModelSpec) -> str:
+    """The GGUF tensor whose data ``g`` repeats with ``spec.shared_layers`` ("" otherwise)."""
+    if not spec.shared_layers or not g.startswith("blk."):
+        return ""
+    il, rest = g[len("blk."):].split(".", 1)
+    return f"blk.{spec.weights_layer(int(il))}.{rest}" if int(il) < spec.n_layer else ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -530,8 +575,15 @@ def _write(path: Path, spec: ModelSpec, part: Part,
         w.write_header_to_file(path=Path(tmp))
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
+        shared: dict[str, np.ndarray] = {}  # shared_layers: each repeated tensor's data
         for i, e in enumerate(entries):
-            w.write_tensor_data(e.data())
+            if e.share:
+                data = shared.get(e.share)
+                if data is None:
+                    data = shared[e.share] = e.data()
+            else:
+                data = e.data()
+            w.write_tensor_data(data)
             if progress is not None:
                 progress(i + 1, len(entries))
         w.close()

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -43,34 +44,29 @@ import bench_decode
 import bench_mtp
 import bench_serve
 import benchlib
+import plan as plan_mod
+import shapes
+from shapes import LABELS, model_spec  # noqa: F401 - model_spec: for callers of bench.py
 
-# Qwen3.5-9B text dimensions (Qwen/Qwen3.5-9B config.json: hidden 4096, 32 layers, FFN
-# 12288, 16 Q / 4 KV heads of 256, Gated DeltaNet 16 QK / 32 V heads of 128, vocabulary
-# 248,320); the rest as the 0.8B preset. The LM head is untied (constructed agreement).
-NINE_B = {"name": "pyggspec-qwen35-9b-shape", "n_embd": 4096, "n_layer": 32, "n_head": 16,
-          "n_head_kv": 4, "head_dim": 256, "n_ff": 12288, "d_state": 128, "n_group": 16,
-          "dt_rank": 32}
-SHAPES = {"tiny": "tiny", "0.8b": "0.8B", "9b": "9B"}  # tiny: a smoke test of this script
-
-
-def model_spec(shape: str, agreement: float):
-    from pyggspec.testing import qwen35_0_8b, tiny_dense
-
-    if shape == "tiny":
-        return tiny_dense(dtype="q8_0", agreement=agreement)
-    extra = NINE_B if shape == "9b" else {}
-    return qwen35_0_8b(dtype="q8_0", agreement=agreement, **extra)
+SHAPES = LABELS  # shape -> its label in the table (shapes.py: the sources of each shape)
+QUANT = {"q": "q4_k"}  # the large shapes' type (--quant)
 
 
 def model_path(shape: str, agreement: float) -> Path:
-    """Written once into benchlib.CACHE (the 0.8B q8_0 one is bench_serve's default model)."""
-    from pyggspec.testing import cached_model
-
-    return cached_model(model_spec(shape, agreement), benchlib.CACHE)
+    """Written once into benchlib.CACHE (the 0.8B q8_0 one is bench_serve's default model);
+    the large shapes: one file per shape, its MTP head rewritten per agreement."""
+    return shapes.model_path(shape, agreement, QUANT["q"])
 
 
 def model_label(shape: str, agreement: float) -> str:
-    return f"{SHAPES[shape]} a{agreement:.2f} Q8_0"
+    return shapes.model_label(shape, agreement, QUANT["q"])
+
+
+def _ok(r: dict) -> dict:
+    """An ours_host answer, or its error raised (the run then fails, as a crashed child)."""
+    if "error" in r:
+        raise RuntimeError(r["error"])
+    return r
 
 
 def kill_children() -> None:
@@ -154,6 +150,8 @@ class Runner:
         self.errors: list[str] = []
         self.error_text: list[dict] = []  # the whole message (child stderr tail), for the JSON
         self.items_done: list[dict] = []
+        self.scales: list[float] = []  # actual / planned seconds of the row groups
+        self.starts: list[dict] = []  # process starts of the row groups (load included)
         guess = ({"0.8b": 8.0, "9b": 20.0, "tiny": 3.0} if args.backend == "cuda"
                  else {"0.8b": 60.0, "9b": 600.0, "tiny": 10.0})
         self.budget = Budget(args.deadline, guess)
@@ -217,6 +215,41 @@ class Runner:
             traceback.print_exc()
         self.items_done.append({"item": name, "seconds": round(time.monotonic() - t0, 1)})
         self.write()
+
+    def item_est(self, name: str, est: float, fn) -> None:
+        """:meth:`item` for a row group priced by plan.py: ``est`` seconds, scaled by the
+        median of actual / estimated over the groups run so far."""
+        scale = statistics.median(self.scales) if self.scales else 1.0
+        need = est * scale
+        left = self.budget.deadline - time.time() if self.budget.deadline else float("inf")
+        if need > left:
+            self.skipped.append(f"{name} (~{need:.0f}s: plan {est:.0f}s x {scale:.2f}, "
+                                f"{max(0, left):.0f}s left)")
+            print(f"[bench] skip {name}: ~{need:.0f}s needed, {max(0, left):.0f}s left",
+                  file=sys.stderr, flush=True)
+            return
+        print(f"[bench] {name} (~{need:.0f}s: plan {est:.0f}s x {scale:.2f})", file=sys.stderr,
+              flush=True)
+        t0 = time.monotonic()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - reported, the next item runs
+            self.errors.append(f"{name}: {type(e).__name__}: {e}")
+            traceback.print_exc()
+        dt = time.monotonic() - t0
+        self.scales.append(dt / max(est, 1.0))
+        self.items_done.append({"item": name, "seconds": round(dt, 1), "plan_s": round(est, 1)})
+        self.write()
+
+    def best_n(self, shape: str, agreement: float, who: str) -> int:
+        """The fastest n_max of ``who`` in the -np 1 rows measured so far (3 if none)."""
+        model = model_label(shape, agreement)
+        best, k = 0.0, 3
+        for row in self.rows:
+            m = re.fullmatch(r"greedy, draft-mtp n_max (\d+)", row["setting"])
+            if row["model"] == model and m and row["tps"].get(who, 0.0) > best:
+                best, k = row["tps"][who], int(m.group(1))
+        return k
 
     # --- items -------------------------------------------------------------------------
     def decode(self, shape: str) -> None:
@@ -315,6 +348,172 @@ class Runner:
                         row["notes"].append("ours: steps by draft length " + ", ".join(
                             f"{i}: {n}" for i, n in enumerate(total) if n))
             self.add_row(row)
+
+    def mtp_group(self, shape: str, agreement: float, P: int, ours_n: list[int],
+                  llama_n: list[int], builds: list[str], ours: bool = True,
+                  prefill: bool = False) -> None:
+        """A row group of the large shapes (``persistent.py``): our engines in one process,
+        one llama-server per setting, ``--mtp-reps`` paired repetitions per setting; -np
+        ``P`` (P sequences at once: aggregate tokens/s). Rows as :meth:`mtp` makes them,
+        with each engine's median step split in the notes and the JSON (``split``)."""
+        import persistent
+
+        a = self.args
+        path = model_path(shape, agreement)
+        n = a.n
+        prompts = bench_mtp.prompts(P, path)
+        got: dict[tuple[str, str], list[dict | None]] = {}
+        host = None
+        label = model_label(shape, agreement)
+        ctx = max(a.ctx, persistent.PREFILL + 64)
+        if ours:
+            engines = {"default": {"spec_type": "draft-mtp", "spec": {}},
+                       "fixed": {"spec_type": "draft-mtp",
+                                 "spec": {"n_max": max(ours_n), "adaptive": False}}}
+            common = {"n_ctx": ctx, "n_parallel": P, "n_threads": a.threads}
+            t0 = time.monotonic()
+            try:
+                host = persistent.OursHost(path, engines, common)
+            except Exception as e:  # noqa: BLE001 - a note, the llama rows still run
+                self.errors.append(f"mtp {shape} a{agreement} np{P} pyggspec: {one_line(e)}")
+                print(f"  pyggspec host FAILED: {one_line(e)}", file=sys.stderr, flush=True)
+            else:
+                self.starts.append({"what": f"{label} np{P} pyggspec", **host.ready,
+                                    "seconds": round(time.monotonic() - t0, 2)})
+                print(f"  pyggspec host up: {host.ready}", file=sys.stderr, flush=True)
+
+        def ours_req(k: str, rep: int) -> None:
+            if host is None:
+                return
+            if k == "plain":
+                kw = {"engine": "fixed", "speculative": False}
+            elif k == "default":
+                kw = {"engine": "default"}
+            else:
+                kw = {"engine": "fixed", "n_draft_max": int(k)}
+            r = self.run(shape, f"mtp {shape} a{agreement} np{P} pyggspec {k} rep{rep + 1}",
+                         lambda: _ok(host.request(prompts=prompts, n=n, **kw)))
+            got.setdefault(("pyggspec", k), []).append(r)
+
+        try:
+            for b in builds:
+                for k in [0, *llama_n]:
+                    key = "plain" if k == 0 else str(k)
+                    srv = None
+                    t0 = time.monotonic()
+                    try:
+                        benchlib.use_llama_build(dict(self.builds)[b])
+                        srv = persistent.LlamaSrv(path, a.threads, ctx, P, k)
+                        self.starts.append({"what": f"{label} np{P} llama {b} {key}",
+                                            "seconds": round(time.monotonic() - t0, 2)})
+                    except Exception as e:  # noqa: BLE001 - a note, the next setting runs
+                        self.errors.append(f"mtp {shape} a{agreement} np{P} {b} {key}: "
+                                           f"{one_line(e)}")
+                    ours_keys = [key] if (ours and b == builds[0]) else []
+                    if ours_keys and key == "3":
+                        ours_keys.append("default")  # llama-server's default n_max is 3
+                    if ours_keys and key != "plain" and int(key) not in ours_n:
+                        ours_keys.remove(key)
+                    for rep in range(a.mtp_reps):
+                        pair = ([("llama", None)] + [("ours", x) for x in ours_keys])
+                        if rep % 2:
+                            pair.reverse()
+                        for who, x in pair:
+                            if who == "ours":
+                                ours_req(x, rep)
+                            elif srv is not None:
+                                r = self.run(shape, f"mtp {shape} a{agreement} np{P} {b} {key} "
+                                             f"rep{rep + 1}", srv.request, prompts, n)
+                                got.setdefault((b, key), []).append(r)
+                        if prefill and key == "plain" and b == builds[0]:
+                            pp = benchlib.bench_prompt(persistent.PREFILL, path, seed=99 + rep)
+                            if srv is not None:
+                                r = self.run(shape, f"prefill {shape} {b} rep{rep + 1}",
+                                             srv.request, [pp], 2)
+                                got.setdefault((b, "prefill"), []).append(r)
+                            if host is not None:
+                                r = self.run(shape, f"prefill {shape} pyggspec rep{rep + 1}",
+                                             lambda pp=pp: _ok(host.request(
+                                                 engine="fixed", prompts=[pp], n=2,
+                                                 speculative=False)))
+                                got.setdefault(("pyggspec", "prefill"), []).append(r)
+                    if srv is not None:
+                        srv.close()
+            for k in ours_n:  # our fixed lengths no llama setting paired with
+                if ours and host is not None and k not in llama_n:
+                    for rep in range(a.mtp_reps):
+                        ours_req(str(k), rep)
+        finally:
+            if host is not None:
+                host.close()
+        self.group_rows(shape, agreement, P, got, ["pyggspec", *builds] if ours else builds)
+
+    def group_rows(self, shape: str, agreement: float, P: int,
+                   got: dict[tuple[str, str], list], who_all: list[str]) -> None:
+        model = model_label(shape, agreement) + (f" -np {P}" if P > 1 else "")
+        import persistent
+
+        keys = ["plain", *sorted({k for (_, k) in got if k.isdigit()}, key=int), "default"]
+        med: dict[tuple[str, str], float] = {}
+        for k in keys:
+            setting = ("greedy, plain" if k == "plain" else
+                       f"greedy, draft-mtp n_max {k}" if k != "default" else
+                       "greedy, draft-mtp default (ours: calibrated; llama-server: n_max 3)")
+            row = self.row("mtp", model, setting)
+            row["reps"], row["split"] = {}, {}
+            for who in who_all:
+                rs = got.get((who, k if not (k == "default" and who != "pyggspec") else "3"))
+                if not rs:
+                    continue
+                tps = [r["tps"] if r else None for r in rs]
+                if not any(tps):
+                    continue
+                row["reps"][who] = tps
+                row["tps"][who] = med[(who, k)] = statistics.median(v for v in tps if v)
+                acc = [r["accept"] for r in rs if r and "accept" in r]
+                if acc:
+                    row["accept"][who] = statistics.median(acc)
+                sp = persistent.median_split([r["split"] for r in rs if r and "split" in r])
+                if sp:
+                    row["split"][who] = sp
+                    row["notes"].append(persistent.split_note(who, sp))
+                plains = got.get((who, "plain")) or []
+                if k != "plain" and plains:
+                    pairs = [r["tps"] / p["tps"] for r, p in zip(rs, plains) if r and p]
+                    if pairs:
+                        row["speedup"][who] = statistics.median(pairs)
+                    if any(r and p and r["tokens"] != p["tokens"] for r, p in zip(rs, plains)):
+                        row["notes"].append(f"{who}: output differs from plain")
+            self.add_row(row)
+        for who in who_all[1:] if who_all[0] == "pyggspec" else []:
+            # our default against that llama-server's best n_max, and our best fixed
+            best = max((k for k in keys if k.isdigit() and (who, k) in med),
+                       key=lambda k: med[(who, k)], default=None)
+            ours_d = got.get(("pyggspec", "default")) or []
+            theirs = got.get((who, best)) if best else None
+            if not best or not ours_d or not theirs:
+                continue
+            row = self.row("mtp", model, f"greedy, ours default vs llama {who} best n_max "
+                           f"({best})")
+            row["tps"] = {"pyggspec": med.get(("pyggspec", "default"), 0.0),
+                          who: med[(who, best)]}
+            row["reps"] = {"pyggspec": [r["tps"] if r else None for r in ours_d],
+                           who: [r["tps"] if r else None for r in theirs]}
+            fixed = [k for k in keys if k.isdigit() and ("pyggspec", k) in med]
+            if fixed:
+                bf = max(fixed, key=lambda k: med[("pyggspec", k)])
+                row["notes"].append(f"ours default / ours best fixed (n_max {bf}): "
+                                    f"{med[('pyggspec', 'default')] / med[('pyggspec', bf)]:.3f}")
+            self.add_row(row)
+        for who in who_all:  # prefill pp512 (-np 1 groups)
+            rs = [r for r in got.get((who, "prefill")) or [] if r]
+            vals = [r.get("prefill_tps") for r in rs if r.get("prefill_tps")]
+            if vals:
+                row = self.row("decode", model_label(shape, agreement),
+                               f"prefill pp{persistent.PREFILL}")
+                row["tps"][who] = statistics.median(vals)
+                row["reps"] = {who: vals}
+                self.add_row(row)
 
     @staticmethod
     def llama_mtp(path: Path, ns: SimpleNamespace, k) -> dict:
@@ -442,6 +641,10 @@ class Runner:
                     row["tps"][who] = v["agg_tps"]
                     if v["accept"] is not None:
                         row["accept"][who] = v["accept"]
+                    base = got.get((who, "plain", c))
+                    if mode == "draft-mtp" and base and base["agg_tps"]:
+                        # issue 54: speculation must not lose to plain decoding here
+                        row["speedup"][who] = v["agg_tps"] / base["agg_tps"]
                     ttft.append(f"{who} {v['ttft_ms']:.0f}")
                 if ttft:
                     row["notes"].append("TTFT ms " + ", ".join(ttft))
@@ -600,7 +803,7 @@ class Runner:
         res.mkdir(parents=True, exist_ok=True)
         (res / "gpu_check.md").write_text(self.markdown())
         (res / "gpu_check.json").write_text(json.dumps(
-            {"meta": self.meta(), "rows": self.rows, "runs": self.runs,
+            {"meta": self.meta(), "rows": self.rows, "runs": self.runs, "starts": self.starts,
              "items": self.items_done, "skipped": self.skipped, "errors": self.errors,
              "error_text": self.error_text},
             indent=1, default=str))
@@ -631,6 +834,15 @@ def parse_args() -> argparse.Namespace:
                     help="paired repetitions of the MTP rows (default 5; --quick 1)")
     ap.add_argument("--make-models", action="store_true",
                     help="only write the models (gpu_check.sh does this while it builds)")
+    ap.add_argument("--quant", choices=shapes.QUANTS, default="q4_k",
+                    help="type of the large shapes' files (27b, 35b-a3b and their tiny "
+                         "stand-ins; default q4_k)")
+    ap.add_argument("--plan", action="store_true",
+                    help="print the time plan of one device draw (plan.py) and exit")
+    ap.add_argument("--budget", type=float, default=12.5,
+                    help="--plan: gpu_check.sh's --budget minutes (default 12.5)")
+    ap.add_argument("--new-build", action="store_true",
+                    help="--plan: with llama-server b11549 (its build and its rows)")
     a = ap.parse_args()
     a.device = a.device or ("CUDA0" if a.backend == "cuda" else "Vulkan0")
     a.threads = a.threads or (min(8, os.cpu_count() or 1) if a.backend == "cuda" else 2)
@@ -650,21 +862,92 @@ def parse_args() -> argparse.Namespace:
         a.n_max, a.temps, a.clients, a.requests = [1, 2, 3], [0.6], [1, 2], 1
         a.serve_prompt, a.serve_gen, a.ctx = 32, 16, 512
     else:
-        a.shapes = a.shapes or ["0.8b", "9b"]
+        a.shapes = a.shapes or ["27b", "35b-a3b"]
         a.agreements = a.agreements or [0.95, 0.70]
         # MTP rows: 256 tokens (128 take ~0.2 s on an H200's 0.8B shape), 5 paired reps
         a.prompt, a.gen, a.n, a.n_sampled, a.reps = 512, 128, 256, 96, 2
-        a.mtp_reps = a.mtp_reps or 5
+        # 5 paired reps for the small shapes' fresh processes (rows 52-54), 3 for the large
+        # shapes' row groups (the device draw's 15 minutes: plan.py)
+        a.mtp_reps = a.mtp_reps or (3 if all(x in shapes.BIG for x in a.shapes) else 5)
         a.n_max, a.temps, a.clients, a.requests = [1, 2, 3, 4], [0.6, 1.0], [1, 4, 8], 2
         a.serve_prompt, a.serve_gen, a.ctx = 128, 128, 2048
     return a
 
 
+def plan_settings(a: argparse.Namespace, new_build: bool) -> plan_mod.Settings:
+    return plan_mod.Settings(shapes=tuple(a.shapes), agreements=tuple(a.agreements),
+                             n_max=tuple(a.n_max), reps=a.mtp_reps, n=a.n, parallel=4,
+                             serve_parallel=max(a.clients), clients=tuple(a.clients),
+                             serve_requests=a.requests, serve_gen=a.serve_gen,
+                             new_build=new_build)
+
+
+def shape_gib(shape: str) -> float:
+    """A shape's file size: the file's where written, else from its tensor plan."""
+    spec = shapes.model_spec(shape, 0.95, QUANT["q"])
+    d = benchlib.CACHE / f"gpu_check-{spec.digest()}"
+    f = d / f"{spec.model_name}-{QUANT['q'].upper()}.gguf"
+    return (f.stat().st_size if f.exists() else shapes.file_bytes(shape, QUANT["q"])) / 2**30
+
+
+def plan_text(a: argparse.Namespace) -> str:
+    """The dry run: the time plan of one device draw for these shapes."""
+    s = plan_settings(a, a.new_build)
+    gib = {sh: shape_gib(sh) for sh in a.shapes}
+    return plan_mod.format_plan(plan_mod.time_plan(a.budget, s, gib))
+
+
+def big_main(a: argparse.Namespace, r: Runner) -> int:
+    """The large shapes (and their tiny stand-ins): row groups in plan.py's priority order,
+    each skipped when its estimate (scaled by what the finished groups took against
+    theirs) would end past --deadline."""
+    labels = [b for b, _ in a.llama]
+    ref, newer = labels[0], labels[1:]  # 0.3.36 (our very ggml) first, b11549 after
+    s = plan_settings(a, bool(newer))
+    gib = {sh: shape_gib(sh) for sh in a.shapes}
+    est = {it.name: it.seconds for it in plan_mod.time_plan(a.budget, s, gib).items}
+    a0 = a.agreements[0]
+    n_lo, n_hi = a.n_max[0], a.n_max[-1]
+    items = []
+    for sh in a.shapes:
+        items.append((f"mtp {sh} a{a0} -np 1 (plain, default, n_max {n_lo}-{n_hi})",
+                      lambda sh=sh: r.mtp_group(sh, a0, 1, a.n_max, a.n_max, [ref],
+                                                prefill=True)))
+    for sh in a.shapes:  # per shape: -np 4, then serve -np 8
+        items.append((f"mtp {sh} a{a0} -np 4 (plain, default, best n_max)",
+                      lambda sh=sh: r.mtp_group(sh, a0, 4, [r.best_n(sh, a0, "pyggspec")],
+                                                [r.best_n(sh, a0, ref)], [ref])))
+        items.append(((f"serve {sh} -np {max(a.clients)} ({'/'.join(map(str, a.clients))} "
+                      "clients, plain and draft-mtp)"), lambda sh=sh: r.serve(sh, ref)))
+    for g in a.agreements[1:]:
+        for sh in a.shapes:
+            items.append((f"mtp {sh} a{g} -np 1",
+                          lambda sh=sh, g=g: r.mtp_group(sh, g, 1, a.n_max, a.n_max, [ref])))
+    for b in newer:
+        for sh in a.shapes:
+            items.append((f"mtp {sh} a{a0} -np 1 llama {b}",
+                          lambda sh=sh, b=b: r.mtp_group(sh, a0, 1, a.n_max, a.n_max, [b],
+                                                         ours=False)))
+    t0 = time.monotonic()
+    for name, fn in items:
+        key = name.replace(f" llama {newer[0]}", " llama b11549") if newer else name
+        r.item_est(name, est.get(key, 60.0), fn)
+    r.write()
+    print(f"[bench] done in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    print(r.markdown())
+    return 0
+
+
 def main() -> int:
     a = parse_args()
+    QUANT["q"] = a.quant
+    if a.plan:
+        print(plan_text(a), end="")
+        return 0
     if a.make_models:
         for shape in a.shapes:
-            for agr in a.agreements:
+            # the large shapes: one file, the other agreements are a rewritten eh_proj
+            for agr in a.agreements[:1] if shape in shapes.BIG else a.agreements:
                 t0 = time.monotonic()
                 p = model_path(shape, agr)
                 print(f"[models] {model_label(shape, agr)}: {p} ({time.monotonic() - t0:.0f}s)",
@@ -675,6 +958,8 @@ def main() -> int:
     benchlib.OFFLOAD.ngl = a.ngl
     benchlib.OFFLOAD.device = a.device
     r = Runner(a)
+    if all(x in shapes.BIG for x in a.shapes):
+        return big_main(a, r)
     ref = a.llama[-1][0]  # the newest build given: the sampled and serve reference
     labels = [b for b, _ in a.llama]
     plan = []  # (name, shape, runs, fn): priority order
