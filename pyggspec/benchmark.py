@@ -96,6 +96,7 @@ class BenchReport:
     seconds: float
 
     def setting(self, name: str) -> SettingResult:
+        """The setting called ``name`` (``plain``, ``default``, ``n=1`` ...)."""
         return next(s for s in self.settings if s.name == name)
 
     @property
@@ -132,7 +133,12 @@ class BenchReport:
                 "seconds": round(self.seconds, 1)}
 
     def json(self) -> str:
+        """:meth:`to_dict` as one line of JSON."""
         return json.dumps(self.to_dict())
+
+    def lines(self) -> list[str]:
+        """The table and verdict ``pyggspec bench`` prints (:func:`render`)."""
+        return render(self)
 
 
 def _med(xs: Sequence[float], nd: int = 2) -> float:
@@ -160,7 +166,7 @@ def bench_prompts(engine: Any, n_parallel: int, prompts: Sequence[str] | None,
             for i in range(n_parallel)]
 
 
-def _one_run(engine: Any, prompts: list[list[int]], n_predict: int,
+def timed_run(engine: Any, prompts: list[list[int]], n_predict: int,
              n_draft_max: int | None, speculative: bool) -> tuple[float, float, Any, list]:
     """The prompts as greedy requests (one per slot, no prompt reuse so every run
     evaluates its prompt), run to the end: decode tokens/s, prefill tokens/s, the summed
@@ -247,17 +253,15 @@ def run_bench(model: str | Path, config: EngineConfig | None = None, *,
         runs: list[tuple[str, Any, int | None, bool]] = [
             ("plain", plain, None, False), ("default", engines["default"], None, True)]
         runs += [(f"n={n}", engines["fixed"], n, True) for n in fixed]
-        say("warming up (graphs are built before anything is timed)")
+        say(f"warming up: every setting once, untimed ({len(runs)} runs; graphs are built "
+            "before anything is timed)")
         t0 = time.perf_counter()
         for _, e, nd, sp in runs:
-            _one_run(e, [p[:8] for p in ps], 4, nd, sp)
-        warm = time.perf_counter() - t0
-        tps, _, _, _ = _one_run(plain, ps, min(n_predict, 16), None, False)
-        n_tokens = reps * len(runs) * n_predict * cfg.n_parallel
-        est = n_tokens / max(tps, 1e-6) / 1.2 + reps * warm  # speculation ~1.2x, prompts
+            timed_run(e, ps, n_predict, nd, sp)
+        est = (time.perf_counter() - t0) * reps
         say(f"{len(runs)} settings x {reps} repetitions x {cfg.n_parallel} sequence(s) x "
-            f"{n_predict} tokens: about {_minutes(est)} at the {tps:.1f} tokens/s plain "
-            "decoding just ran")
+            f"{n_predict} tokens: about {_minutes(est)} more (the warm-up pass took "
+            f"{_minutes(est / reps)})")
         results = {label: SettingResult(label, None if label == "plain" else
                                         (nd if nd is not None else spec.n_max))
                    for label, _, nd, _ in runs}
@@ -269,7 +273,7 @@ def run_bench(model: str | Path, config: EngineConfig | None = None, *,
             for label, e, nd, sp in order:
                 if progress is not None:
                     progress(done, total, f"rep {rep + 1}/{reps} {label}")
-                dec, pre, stats, toks = _one_run(e, ps, n_predict, nd, sp)
+                dec, pre, stats, toks = timed_run(e, ps, n_predict, nd, sp)
                 res = results[label]
                 res.decode_tps.append(dec)
                 res.prefill_tps.append(pre)
@@ -409,4 +413,4 @@ def plot(report: BenchReport, path: str | Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["NOISE", "BenchReport", "SettingResult", "plot", "render", "run_bench"]
+__all__ = ["NOISE", "BenchReport", "SettingResult", "plot", "render", "run_bench", "timed_run"]

@@ -1,4 +1,4 @@
-"""Command line: ``pyggspec run | serve | inspect | models | devices`` (thin; the work is in
+"""Command line: ``pyggspec run | serve | bench | inspect | models | devices`` (thin; the work is in
 the library).
 
 Every :class:`PyggspecError` becomes one line on stderr and exit code 1; a usage error (an
@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from pyggspec.cli import catalog, inspect, run, serve
+from pyggspec.cli import bench, catalog, inspect, run, serve
 from pyggspec.cli.catalog import load_models
 from pyggspec.cli.common import CONTEXT_SETTINGS
 from pyggspec.errors import PyggspecError
@@ -66,7 +66,8 @@ def main() -> None:
 
 # the package's attributes stay the modules (pyggspec.cli.run is the module, its command is
 # pyggspec.cli.run.run)
-for _cmd in (inspect.inspect, catalog.models, catalog.devices, run.run, serve.serve):
+for _cmd in (inspect.inspect, catalog.models, catalog.devices, run.run, serve.serve,
+             bench.bench):
     main.add_command(_cmd)
 
 __all__ = ["load_models", "main"]

@@ -191,8 +191,8 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         demo = True
         if not as_json:
             click.echo("pyggspec: running the built-in SYNTHETIC demo model (random weights, "
-                       "constructed MTP agreement ~95%): the text is meaningless, the "
-                       "speed-up is real.", err=True)
+                       "constructed MTP agreement ~95%): the text is meaningless; plain "
+                       "decoding is timed beside speculation afterwards.", err=True)
     add_rpc_servers(rpc)
     if as_json:
         config = config.replace(progress=False)
@@ -242,6 +242,13 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
                 stats["draft_lengths"] = engine.draft_lengths.to_dict()
         rollback_used = engine.rollback
         sampling_stats = engine.samplers.stats.to_dict() if engine.samplers else {}
+        compared = None
+        if demo and not as_json:  # which is faster here, plain or speculative (demo.py)
+            from pyggspec.demo import side_by_side
+
+            click.echo("pyggspec demo: timing plain decoding beside speculation on this "
+                       "machine ...", err=True)
+            compared = side_by_side(engine, inputs, n_predict=min(max(n_predict, 16), 64))
     res = results[0]
     if as_json:
         out = res.to_dict() if n_parallel == 1 else {
@@ -277,6 +284,11 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         for line in _spec_lines(stats):
             click.echo(line, err=True)
         click.echo(f"rollback   : {rollback_used}", err=True)
+    if compared is not None:
+        from pyggspec.demo import verdict_lines
+
+        for line in verdict_lines(compared):
+            click.echo(line, err=True)
 
 
 __all__ = ["run"]
