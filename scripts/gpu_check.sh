@@ -359,6 +359,9 @@ unpack_sources() {
   local f name
   for f in "llama-cpp-python-$LCP_VERSION" "llama.cpp-$NEW_TAG"; do
     name="$CARRY/$f.tar.xz"
+    if [ "$f" = "llama.cpp-$NEW_TAG" ] && [ "$SKIP_NEW" = 1 ] && [ ! -f "$name" ]; then
+      continue  # --skip-new: b11549's sources are not needed
+    fi
     if [ ! -d "$SRC/$f" ]; then
       [ -f "$name" ] || die "$name missing: run 'scripts/gpu_check.sh prepare' here first (and carry .gpu/carry)"
       tar -xJf "$name" -C "$SRC" 2>/dev/null || "$PY" - "$name" "$SRC" <<'PYEOF'
@@ -521,7 +524,11 @@ step_bench() {
   [ -x "$OLD_TOOLS/bin/llama-server" ] && builds+=(--llama "$LCP_VERSION=$OLD_TOOLS")
   [ -x "$NEW_TOOLS/bin/llama-server" ] && builds+=(--llama "$NEW_TAG=$NEW_TOOLS")
   [ ${#builds[@]} -gt 0 ] || die "no llama-server built: run 'scripts/gpu_check.sh build' first"
-  "${NICE[@]}" "$PY" scripts/gpu_check/bench.py --backend "$BACKEND" --device "$DEVICE" \
+  local dev=(--device "$DEVICE")
+  # off a GPU (GPU_CHECK_NO_CUDA=1 --device CPU): both engines on the CPU, no offload flags
+  # (llama-server takes no "-dev CPU")
+  [ "${GPU_CHECK_NO_CUDA:-}" = 1 ] && [ "$DEVICE" = CPU ] && dev=(--device none --ngl 0)
+  "${NICE[@]}" "$PY" scripts/gpu_check/bench.py --backend "$BACKEND" "${dev[@]}" \
     "${builds[@]}" --deadline "$deadline" --results "$RESULTS" --timings "$STATE/timings.txt" \
     --tests "$RESULTS/tests.json" "${q[@]}"
   echo "bench $(( $(date +%s) - t0 ))s" >>"$STATE/timings.txt"

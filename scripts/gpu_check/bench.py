@@ -130,7 +130,7 @@ class Budget:
 
     def per_run(self, shape: str) -> float:
         s = self.seen.get(shape)
-        return statistics.median(s) if s else self.guess[shape]
+        return statistics.median(s) if s else self.guess.get(shape, 30.0)
 
     def fits(self, shape: str, n_runs: int) -> tuple[bool, float]:
         need = n_runs * self.per_run(shape)
@@ -187,7 +187,7 @@ class Runner:
         dt = time.monotonic() - t0
         self.budget.record(shape, dt)
         slim = ({k: v for k, v in r.items() if k not in ("tokens", "stats")}
-                if isinstance(r, dict) else r)
+                if isinstance(r, dict) else r if r is None else type(r).__name__)
         self.runs.append({"what": what, "seconds": round(dt, 2), "result": slim})
         self.write()  # every run reaches the JSON at once: a lost machine keeps what ran
         if isinstance(r, dict):
@@ -372,12 +372,10 @@ class Runner:
                                  "spec": {"n_max": max(ours_n), "adaptive": False}}}
             common = {"n_ctx": ctx, "n_parallel": P, "n_threads": a.threads}
             t0 = time.monotonic()
-            try:
-                host = persistent.OursHost(path, engines, common)
-            except Exception as e:  # noqa: BLE001 - a note, the llama rows still run
-                self.errors.append(f"mtp {shape} a{agreement} np{P} pyggspec: {one_line(e)}")
-                print(f"  pyggspec host FAILED: {one_line(e)}", file=sys.stderr, flush=True)
-            else:
+            # under the watchdog: a start that hangs is killed (self.run notes the failure)
+            host = self.run(shape, f"start {label} np{P} pyggspec (2 engines)",
+                            persistent.OursHost, path, engines, common)
+            if host is not None:
                 self.starts.append({"what": f"{label} np{P} pyggspec", **host.ready,
                                     "seconds": round(time.monotonic() - t0, 2)})
                 print(f"  pyggspec host up: {host.ready}", file=sys.stderr, flush=True)
@@ -395,25 +393,23 @@ class Runner:
                          lambda: _ok(host.request(prompts=prompts, n=n, **kw)))
             got.setdefault(("pyggspec", k), []).append(r)
 
+        # our default runs beside llama-server's default (n_max 3), else its last setting
+        default_block = "3" if 3 in llama_n else (str(llama_n[-1]) if llama_n else "plain")
         try:
             for b in builds:
                 for k in [0, *llama_n]:
                     key = "plain" if k == 0 else str(k)
-                    srv = None
                     t0 = time.monotonic()
-                    try:
-                        benchlib.use_llama_build(dict(self.builds)[b])
-                        srv = persistent.LlamaSrv(path, a.threads, ctx, P, k)
+                    srv = self.run(shape, f"start {label} np{P} llama {b} {key}",
+                                   persistent.LlamaSrv, path, a.threads, ctx, P, k, build=b)
+                    if srv is not None:
                         self.starts.append({"what": f"{label} np{P} llama {b} {key}",
                                             "seconds": round(time.monotonic() - t0, 2)})
-                    except Exception as e:  # noqa: BLE001 - a note, the next setting runs
-                        self.errors.append(f"mtp {shape} a{agreement} np{P} {b} {key}: "
-                                           f"{one_line(e)}")
                     ours_keys = [key] if (ours and b == builds[0]) else []
-                    if ours_keys and key == "3":
-                        ours_keys.append("default")  # llama-server's default n_max is 3
                     if ours_keys and key != "plain" and int(key) not in ours_n:
                         ours_keys.remove(key)
+                    if ours and b == builds[0] and key == default_block:
+                        ours_keys.append("default")  # llama-server's default n_max is 3
                     for rep in range(a.mtp_reps):
                         pair = ([("llama", None)] + [("ours", x) for x in ours_keys])
                         if rep % 2:
@@ -782,8 +778,22 @@ class Runner:
                      "own timings for llama-server, the engine's for pyggspec; serve rows: all "
                      "generated tokens / wall time. 'ours / X': pyggspec over that llama-server "
                      "(median of paired repetitions, with their range). x: speculative over "
-                     "plain of the same engine. One fresh process per run, one engine at a "
-                     "time.")]
+                     "plain of the same engine. "
+                     + ("Large shapes (27B, 35B-A3B and their tiny stand-ins; "
+                        "scripts/gpu_check/shapes.py): trunk layers of a kind share weights "
+                        "(each layer still read from its own bytes), 4-bit files (Q4_K: every "
+                        "2-D weight Q4_K, not llama-quantize's Q4_K_M mix), one file per shape "
+                        "with its MTP eh_proj rewritten per agreement; one process per engine "
+                        "setting kept for a row group (ours: one process, a default-rule engine "
+                        "and a fixed-draft engine whose per-request cap gives n_max 1-4; plain "
+                        "= that engine without speculation), the same requests paired seconds "
+                        "apart, one engine running at a time; llama-server's default n_max is "
+                        "3. Notes: median step split per engine (ours: verify = target graph "
+                        "compute, MTP runs x ms, host = Python, graph computes = syncs per "
+                        "step, rebuilds; llama-server: ms per step from its timings, graphs "
+                        "reused from its log)."
+                        if any(x in shapes.BIG for x in self.args.shapes) else
+                        "One fresh process per run, one engine at a time."))]
         return "\n".join(out) + "\n"
 
     def sorted_rows(self) -> list[dict]:
@@ -845,6 +855,8 @@ def parse_args() -> argparse.Namespace:
                     help="--plan: with llama-server b11549 (its build and its rows)")
     a = ap.parse_args()
     a.device = a.device or ("CUDA0" if a.backend == "cuda" else "Vulkan0")
+    if a.device == "none":  # off a GPU: no -dev for either engine (with --ngl 0)
+        a.device = None
     a.threads = a.threads or (min(8, os.cpu_count() or 1) if a.backend == "cuda" else 2)
     a.run_limit = a.run_limit or (240.0 if a.backend == "cuda" else 1200.0)
     builds = []

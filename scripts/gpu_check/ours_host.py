@@ -21,8 +21,9 @@ outside: worker.py is not changed):
 * ``verify_ms_per_step``: the target graph's compute (``GraphRunner.compute_ms_total``:
   the wall time inside ggml_backend_sched_graph_compute, launches and the wait included,
   not kernel time alone); ``mtp_ms_per_run`` / ``mtp_runs_per_step``: the MTP head's;
-* ``syncs_per_step``: graph computes per step (each ends in a synchronisation: the host
-  waits for the device before it reads the outputs);
+* ``syncs_per_step``: graph computes per step (``GraphRunner.execute`` calls, counted by
+  wrapping it: each ends in a synchronisation, the host waiting for the device before it
+  reads the outputs);
 * ``builds`` / ``rebuilds`` / ``build_ms``: graphs built (shapes seen again included) and
   the time building and allocating them took, during these requests.
 """
@@ -47,9 +48,9 @@ def open_engines(cfg: dict) -> tuple[dict, dict]:
             extra["spec_type"] = kw["spec_type"]
             extra["spec"] = SpecConfig(**kw.get("spec", {}))
         e = engines[name] = Engine(cfg["path"], load_tokenizer=False, progress=False, **extra)
-        # warm-up as the benchmarks' fresh processes did: graphs of a short request
+        # warm-up: a 64-token request (llama-server's warm-up is as long: persistent.py)
         warm = [301, 302, 303, 304, 305, 306, 307, 308]
-        e.generate_batch([warm] * 1, max_tokens=8, ignore_eos=True)
+        e.generate_batch([warm] * e.n_parallel, max_tokens=64, ignore_eos=True)
         load[name] = round(time.perf_counter() - t0, 2)
     return engines, load
 
@@ -73,15 +74,28 @@ def run(e, cmd: dict) -> dict:
     before = e.worker.run
 
     def traced(batch):
-        k0 = counters(e)
+        k0, n0 = counters(e), dict(computes)
         out = before(batch)
         if batch.decode and not batch.prompt:  # decode/verify steps only, not prompt chunks
             k1 = counters(e)
             steps.append({"ms": out.decode_ms, "device_ms": out.device_ms,
-                          "target": out.target_evals, "mtp": out.mtp_evals,
+                          "target": computes["target"] - n0["target"],
+                          "mtp": computes["mtp"] - n0["mtp"],
                           **{f"{k}_ms": k1[k]["compute_ms"] - k0[k]["compute_ms"] for k in k1}})
         return out
 
+    computes = {"target": 0, "mtp": 0}  # graph computes: each ends in a synchronisation
+    wrapped = []
+    for part, r in (("target", e.worker.target), ("mtp", e.worker.mtp)):
+        if r is None:
+            continue
+
+        def execute(*a, _f=r.execute, _p=part, **k):
+            computes[_p] += 1
+            return _f(*a, **k)
+
+        r.execute = execute
+        wrapped.append(r)
     c0 = counters(e)
     e.worker.run = traced
     t0 = time.perf_counter()
@@ -94,13 +108,16 @@ def run(e, cmd: dict) -> dict:
             pass
     finally:
         e.worker.run = before
+        for r in wrapped:
+            del r.execute  # the class's method again
     wall = time.perf_counter() - t0
     c1 = counters(e)
     res = [h.result() for h in hs]
     n_tok = sum(len(r.tokens) for r in res)
     t = res[0].timings.to_dict(host=True)
     out = {"tokens": [r.tokens for r in res], "wall_s": wall,
-           "tps": t["predicted_per_second"] if len(res) == 1 else n_tok / wall}
+           "tps": t["predicted_per_second"] if len(res) == 1 else n_tok / wall,
+           "prefill_tps": t["prompt_per_second"]}
     drafted = sum(r.timings.draft_n for r in res)
     if drafted:
         out["accept"] = sum(r.timings.draft_n_accepted for r in res) / drafted
@@ -111,6 +128,8 @@ def run(e, cmd: dict) -> dict:
              "ms_per_step_median": statistics.median(s["ms"] for s in steps) if steps else 0.0,
              "host_ms_per_step": sum(s["ms"] - s["device_ms"] for s in steps) / n,
              "verify_ms_per_step": d.get("target", 0.0) / n,
+             "verify_ms_per_step_median": (statistics.median(s.get("target_ms", 0.0)
+                                                             for s in steps) if steps else 0.0),
              "syncs_per_step": sum(s["target"] + s["mtp"] for s in steps) / n,
              "builds": sum(c1[k]["builds"] - c0[k]["builds"] for k in c1),
              "rebuilds": sum(c1[k]["rebuilds"] - c0[k]["rebuilds"] for k in c1),

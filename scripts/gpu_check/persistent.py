@@ -98,7 +98,7 @@ class LlamaSrv:
         self.srv.__enter__()
         self.start_s = round(time.monotonic() - t0, 2)
         self.n_max = n_max
-        self.srv.complete(bench_mtp.prompts(1, path)[0][:8], 4)  # warm-up
+        self.srv.complete(bench_mtp.prompts(1, path)[0][:8], 64)  # warm-up, as ours_host
 
     def _reused(self) -> list[int]:
         try:
@@ -150,7 +150,8 @@ def split_note(who: str, s: dict) -> str:
     """One line of a row's notes: the median step split."""
     if not s:
         return ""
-    parts = [f"{who}: step {s['ms_per_step']:.2f} ms"]
+    parts = [f"{who}: step {s['ms_per_step']:.2f} ms"
+             + (f" (median {s['ms_per_step_median']:.2f})" if "ms_per_step_median" in s else "")]
     if "verify_ms_per_step" in s:
         parts.append(f"verify {s['verify_ms_per_step']:.2f}")
         if s.get("mtp_runs_per_step"):
