@@ -262,6 +262,9 @@ def run_bench(model: str | Path, config: EngineConfig | None = None, *,
         say(f"{len(runs)} settings x {reps} repetitions x {cfg.n_parallel} sequence(s) x "
             f"{n_predict} tokens: about {_minutes(est)} more (the warm-up pass took "
             f"{_minutes(est / reps)})")
+        busy = _busy()
+        if busy:
+            say(busy)
         results = {label: SettingResult(label, None if label == "plain" else
                                         (nd if nd is not None else spec.n_max))
                    for label, _, nd, _ in runs}
@@ -306,6 +309,23 @@ def run_bench(model: str | Path, config: EngineConfig | None = None, *,
     finally:
         for e in engines.values():
             e.close()
+
+
+def _busy() -> str | None:
+    """A warning when other work already keeps the CPUs busy (the 1-minute load average
+    above the core count): the paired ratios hold up better than absolute speeds, but
+    their ranges widen."""
+    import os
+
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on every platform
+        return None
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return None
+    return (f"the machine is busy (load {load:.1f} on {cores} cores): expect wide ranges; "
+            "run again on a quieter machine for a firm verdict")
 
 
 def _device_name(engine: Any) -> str:
