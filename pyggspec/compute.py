@@ -36,7 +36,8 @@ generation loop (``Engine.eval``'s logits for every token) may still grow the bu
 With weights on several devices the per-step graphs (plain steps, verify, MTP catch-up and
 drafts: at most :attr:`GraphOptions.step_rows` rows per sequence) each keep a scheduler of
 their own (:class:`~pyggspec.models.runner.GraphRunner`), allocated when first run. Their
-bound, ``STEP_SCHEDS`` times the largest step graph of each runner, is ``steps``.
+bound, ``STEP_SCHEDS`` (the head: ``MTP_STEP_SCHEDS``) times the largest step graph of each
+runner, is ``steps``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from pyggspec.modelfile import HParams
 from pyggspec.models.batch import catch_up_rows, most_verify_rows, padded_rows
 from pyggspec.models.mtp import MtpGraph, MtpShape, MtpWeights
 from pyggspec.models.qwen35 import TargetGraph, UBatchShape
-from pyggspec.models.runner import STEP_SCHEDS
+from pyggspec.models.runner import MTP_STEP_SCHEDS, STEP_SCHEDS
 from pyggspec.sampling.params import SamplingParams, graph_sampling
 from pyggspec.sampling.plan import SamplingPlan, plan_chain
 
@@ -136,7 +137,11 @@ class GraphOptions:
         # catch-up after a verify: the accepted drafts + the new token, padded
         catch_up = self.step_rows
         T = catch_up_rows(min(self.n_ubatch, self.n_ctx), n)  # prompt warm-up chunk
-        return [MtpShape(max(T, catch_up), n, cells, n, self.device_argmax, self.draft_vocab)]
+        shapes = [MtpShape(max(T, catch_up), n, cells, n, self.device_argmax, self.draft_vocab)]
+        if self.device_argmax and self.spec_n_max > 1:  # argmax drafts chained in one graph
+            shapes.append(MtpShape(catch_up, n, cells, n, True, self.draft_vocab,
+                                   n_chain=self.spec_n_max))
+        return shapes
 
 
 def sizing_chains(default: SamplingParams | None = None) -> tuple[SamplingParams, ...]:
@@ -425,18 +430,23 @@ def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mappin
             mgraphs = [(s, None) for s in opts.mtp_shapes()]
             if sampling is not None and sampling.draft_device is not None:
                 # coupled drafts: the first draft comes from the catch-up batch's rows
-                mgraphs += _sampled([replace(s, device_argmax=True) for s in opts.mtp_shapes()],
+                mgraphs += _sampled([replace(s, device_argmax=True) for s in opts.mtp_shapes()
+                                     if s.n_chain == 1],
                                     lambda r: sampling.plans(sampling.draft_device, r))
             sized = _size_all(_unique(mgraphs), mtp_sched,
                               lambda s, p: MtpGraph(mh, w, mkv, s, p))
             plan.mtp, plan.mtp_peaks = _peaks(sized)
             if mtp_sched.multi_backend:
-                g = MtpGraph(mh, w, mkv, MtpShape(rows, n, cells, n,
-                                                  opts.device_argmax, opts.draft_vocab))
-                try:
-                    _add(plan.steps, mtp_sched.reserve_size(g.graph), STEP_SCHEDS)
-                finally:
-                    g.close()
+                one = MtpShape(rows, n, cells, n, opts.device_argmax, opts.draft_vocab)
+                most: dict[str, int] = {}  # a step scheduler holds one of these graphs
+                for s in [one] + [s for s in opts.mtp_shapes() if s.n_chain > 1]:
+                    g = MtpGraph(mh, w, mkv, s)
+                    try:
+                        for dev, size in mtp_sched.reserve_size(g.graph).items():
+                            most[dev] = max(most.get(dev, 0), size)
+                    finally:
+                        g.close()
+                _add(plan.steps, most, MTP_STEP_SCHEDS)
         return plan
     finally:
         ph.close()

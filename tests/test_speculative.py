@@ -142,6 +142,48 @@ def test_acceptance_at_095_agreement(models, make_engine):
         assert g.stats.acceptance >= 0.9
 
 
+@pytest.mark.parametrize("arch,extra", [("dense", {}), ("moe", {}),
+                                         ("dense", {"draft_vocab": 512})])
+def test_chained_drafts_equal_step_by_step(models, make_engine, arch, extra):
+    """Argmax drafts made in one graph (MtpGraph._chain_step) are the drafts the head
+    makes one graph per draft: same tokens, same probabilities, same output."""
+    path = agreement_model(models, arch, 0.7)
+    runs = {}
+    for chained in (True, False):
+        with make_engine(path, n_ctx=256, n_parallel=4, load_tokenizer=True,
+                         spec_type="draft-mtp",
+                         spec=SpecConfig(n_max=4, adaptive=False, **extra)) as e:
+            mtp = e.drafter.mtp
+            if not chained:
+                mtp.mtp.chains = lambda mb: False
+            seen, run = [], mtp.run
+
+            def record(reqs, chains=None, run=run, seen=seen):
+                out = run(reqs, chains)
+                seen.append({s: (d.tokens[:], d.probs[:]) for s, d in out.items()})
+                return out
+
+            graphs, execute = [0], mtp.mtp.execute
+
+            def counted(*a, graphs=graphs, execute=execute):
+                graphs[0] += 1
+                return execute(*a)
+
+            mtp.run = record
+            mtp.mtp.execute = counted
+            evals = mtp.mtp.n_evals
+            g = e.generate_batch(PROMPTS, max_tokens=24, ignore_eos=True)
+            runs[chained] = ([r.tokens for r in g], seen, mtp.mtp.n_evals - evals, graphs[0])
+    (tok_c, seen_c, ev_c, gr_c), (tok_s, seen_s, ev_s, gr_s) = runs[True], runs[False]
+    assert tok_c == tok_s
+    assert ev_c == ev_s and gr_s == ev_s and gr_c < 0.6 * ev_c
+    assert len(seen_c) == len(seen_s) and any(len(d[0]) > 1 for s in seen_c for d in s.values())
+    for a, b in zip(seen_c, seen_s):
+        assert {s: d[0] for s, d in a.items()} == {s: d[0] for s, d in b.items()}
+        for s in a:
+            np.testing.assert_allclose(a[s][1], b[s][1], rtol=1e-5, atol=1e-7)
+
+
 def test_parallel_sequences_equal_solo_runs(models, make_engine):
     path = agreement_model(models, "moe", 0.8)
     with make_engine(path, n_ctx=256, n_parallel=4, load_tokenizer=True,

@@ -249,7 +249,10 @@ def _kv_window(b: Builder, written: Tensor, cache: Tensor, hd: int, n_head_kv: i
 
 
 def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
-              v_cache: Tensor) -> Tensor:
+              v_cache: Tensor, written: list[Tensor] | None = None) -> Tensor:
+    """Gated attention over the cache after writing this ubatch's K/V into it. ``written``
+    receives the written caches: a later step of the same graph passes them as its
+    caches, so its reads depend on these writes (the MTP head's chained drafts)."""
     ctx, hp = b.ctx, b.hp
     hd, n_head, n_head_kv = hp.head_dim, hp.n_head, hp.n_head_kv
     T, B, n_tok = b.n_seq_tokens, b.n_seqs, b.n_tokens
@@ -286,6 +289,8 @@ def attention(b: Builder, x: Tensor, il: int, inp: AttnInputs, k_cache: Tensor,
     v_written = ctx.set_rows(v_all, ctx.reshape(v, (hd * n_head_kv, n_tok)), inp.kv_idx)
     b.graph.expand(k_written)
     b.graph.expand(v_written)
+    if written is not None:
+        written += [k_written, v_written]
 
     if inp.gather:  # [hd, T, H, B] against each sequence's own window
         q4 = ctx.permute(ctx.reshape(q, (hd, n_head, T, B)), 0, 2, 1, 3)

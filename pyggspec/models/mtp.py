@@ -10,6 +10,11 @@ head's own post-norm hidden from the previous draft step). The head predicts x_{
     h' = shared_head_norm(x)          (fallback output_norm)  -> next draft step's h
     logits = head(h')                 (shared_head_head, fallback the LM head)
 
+With ``n_chain`` k > 1 the graph repeats the head k - 1 times after the drafting rows: step
+j takes step j - 1's argmax id and hidden row, one row per sequence at the next position,
+and reads the K/V step j - 1 wrote (the written cache is its source, so the order is in the
+graph, not only in the node list). k argmax drafts then cost one graph run, not k.
+
 Only the rows that draft need logits; for those the graph also takes the argmax and the
 probability of that token under a softmax over the **full** vocabulary, so only ids,
 probabilities and hidden rows come back to the host. Optionally (``draft_vocab``) the head
@@ -30,7 +35,7 @@ from pyggspec.modelfile import HParams
 from pyggspec.models import layers
 from pyggspec.models.layers import Builder, CausalInputs
 from pyggspec.models.qwen35 import kv_window
-from pyggspec.models.runner import GraphRunner
+from pyggspec.models.runner import MTP_STEP_SCHEDS, GraphRunner
 
 GRAPH_SIZE = 2048
 
@@ -45,6 +50,7 @@ class MtpShape:
     draft_vocab: int = 0  # draft over token ids [0, draft_vocab) only (0: full vocabulary)
     sampling: int = 0  # plan id (Mtp.register_plan): the drafts' sampler chains in the graph
     hot: bool = False  # score drafts over the hot vocabulary's rows (Mtp.hot)
+    n_chain: int = 1  # argmax draft steps in the one graph (MtpGraph._chain_step)
 
 
 @dataclass
@@ -71,6 +77,7 @@ class MtpBatch:
     rows: list | None = None  # RowInput per output row (chain, drafts before it)
     logits: bool = False  # full logits come back (host argmax or host chains)
     hot: bool = False  # draft over the hot vocabulary (when the runner has one)
+    chain: int = 1  # argmax drafts per output row in one graph (device argmax only)
 
 
 @dataclass
@@ -82,6 +89,8 @@ class MtpResult:
     sampled: bool = False  # ids were drawn by the rows' sampler chains (probs: the argmax's)
     argmax: np.ndarray | None = None  # int32 [n_out]: the head's argmax, beside sampled ids
     argmax_probs: np.ndarray | None = None  # its softmax probability (host draws, p_min > 0)
+    chain_ids: np.ndarray | None = None  # int32 [n_chain, n_out]: chained drafts, step by step
+    chain_probs: np.ndarray | None = None  # float32 [n_chain, n_out]: their probabilities
 
 
 class MtpWeights:
@@ -179,24 +188,24 @@ class MtpGraph:
         T, B = shape.n_seq_tokens, shape.n_seqs
         n, il, n_embd = T * B, w.block, hp.n_embd
         self.shape = shape
-        self.ctx = ctx = Context(GRAPH_SIZE * 2, graph_size=GRAPH_SIZE)
+        self.w, self.hp = w, hp
+        size = GRAPH_SIZE * shape.n_chain
+        self.ctx = ctx = Context(size * 2, graph_size=size)
         try:
-            self.graph = graph = Graph(ctx, [], GRAPH_SIZE)
+            self.graph = graph = Graph(ctx, [], size)
             self.names: dict[str, Tensor] = {}
             b = Builder(ctx, graph, hp, w.get, w.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n,), "mtp_tokens")
             self.h = ctx.input("f32", (n_embd, n), "mtp_h_input")
             self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_slots, "mtp_")
-            attn_in = self.causal.attn
-            e = b.cb(ctx.get_rows(w.embed, self.tokens), "mtp_tok_embd", il)
-            hn = b.cb(layers.rms_norm(b, self.h, b.w("nextn.hnorm.weight", il)), "mtp_hnorm", il)
-            en = b.cb(layers.rms_norm(b, e, b.w("nextn.enorm.weight", il)), "mtp_enorm", il)
-            x = b.cb(ctx.mul_mat(b.w("nextn.eh_proj.weight", il), ctx.concat(en, hn, 0)),
-                     "mtp_eh_proj", il)
-            cur = b.cb(layers.rms_norm(b, x, b.w("attn_norm.weight", il)), "mtp_attn_norm", il)
-            cur = layers.attention(b, cur, il, attn_in, kv.k(il), kv.v(il))
+            self.chain: list[CausalInputs] = []  # the chained draft steps' inputs
+            self.chain_ids: list[Tensor] = []
+            self.chain_top: list[Tensor] = []
             self.out_ids = self.h_out = self.ids = self.top = self.logits = None
             self.sampling = self.hot = None
+            written: list[Tensor] = []
+            x, cur = self._attend(b, self.tokens, self.h, self.causal, kv.k(il), kv.v(il),
+                                  written)
             if shape.n_outputs == 0:
                 # cache-only: pairs written for later drafts, nothing drafted now; the graph
                 # holds only the KV writes (no FFN, no LM head)
@@ -209,22 +218,10 @@ class MtpGraph:
             # llama.cpp's head runs the FFN on every row and drops them before the LM head)
             cur = b.cb(ctx.get_rows(cur, self.out_ids), "mtp_attn_out_rows", il)
             x = b.cb(ctx.get_rows(x, self.out_ids), "mtp_eh_proj_rows", il)
-            x = b.cb(ctx.add(cur, x), "mtp_attn_residual", il)
-            cur = b.cb(layers.rms_norm(b, x, b.w("post_attention_norm.weight", il)),
-                       "mtp_attn_post_norm", il)
-            cur = b.cb(layers.ffn(b, cur, il), "mtp_ffn_out", il)
-            x = b.cb(ctx.add(cur, x), "mtp_post_ffn", il)
-            h_out = b.cb(layers.rms_norm(b, x, w.head_norm), "mtp_shared_head_norm")
-            head = w.head
-            self.n_vocab = head.ne[1]
+            h_out = self._ffn(b, x, cur)
+            self.n_vocab = w.head.ne[1]
             self.hot = hot if shape.hot else None
-            if self.hot is not None:
-                head = self.hot.rows
-            elif 0 < shape.draft_vocab < head.ne[1]:
-                # the first rows of the LM head: BPE ids are roughly frequency-ordered, and a
-                # draft is only a guess the target verifies, so this loses no correctness
-                head = ctx.view(head, (head.ne[0], shape.draft_vocab), (head.nb[1],), 0)
-            logits = b.cb(ctx.mul_mat(head, h_out), "result_output")
+            logits = b.cb(ctx.mul_mat(self._head(ctx, shape), h_out), "result_output")
             self.h_out = h_out.set_output()
             graph.expand(h_out)
             if plan is not None:
@@ -246,12 +243,9 @@ class MtpGraph:
                 self.ids = self._hot_ids(b, ctx, ids, shape.n_outputs).set_output()
                 graph.expand(self.ids)
             elif shape.device_argmax:
-                ids = b.cb(ctx.argmax(logits), "mtp_argmax")
-                self.top = self._top_prob(b, ctx, logits, ids, shape.n_outputs).set_output()
-                self.ids = self._hot_ids(b, ctx, ids, shape.n_outputs).set_output()
-                self.logits = None
-                graph.expand(self.ids)
-                graph.expand(self.top)
+                self.ids, self.top = self._pick(b, ctx, logits, shape.n_outputs)
+                for j in range(1, shape.n_chain):
+                    h_out = self._chain_step(b, kv, j, h_out, written)
             else:
                 self.ids = self.top = None
                 self.logits = logits.set_output()
@@ -260,6 +254,70 @@ class MtpGraph:
             ctx.close()
             raise
         self._finish(shape, n, n_embd)
+
+    def _attend(self, b: Builder, tokens: Tensor, h: Tensor, causal: CausalInputs,
+                k: Tensor, v: Tensor, written: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """The head up to its attention: (the eh_proj rows, the attention output)."""
+        ctx, w, il = b.ctx, self.w, self.w.block
+        e = b.cb(ctx.get_rows(w.embed, tokens), "mtp_tok_embd", il)
+        hn = b.cb(layers.rms_norm(b, h, b.w("nextn.hnorm.weight", il)), "mtp_hnorm", il)
+        en = b.cb(layers.rms_norm(b, e, b.w("nextn.enorm.weight", il)), "mtp_enorm", il)
+        x = b.cb(ctx.mul_mat(b.w("nextn.eh_proj.weight", il), ctx.concat(en, hn, 0)),
+                 "mtp_eh_proj", il)
+        cur = b.cb(layers.rms_norm(b, x, b.w("attn_norm.weight", il)), "mtp_attn_norm", il)
+        return x, layers.attention(b, cur, il, causal.attn, k, v, written)
+
+    def _ffn(self, b: Builder, x: Tensor, cur: Tensor) -> Tensor:
+        """The head past its attention, to the post-norm hidden rows."""
+        ctx, il = b.ctx, self.w.block
+        x = b.cb(ctx.add(cur, x), "mtp_attn_residual", il)
+        cur = b.cb(layers.rms_norm(b, x, b.w("post_attention_norm.weight", il)),
+                   "mtp_attn_post_norm", il)
+        cur = b.cb(layers.ffn(b, cur, il), "mtp_ffn_out", il)
+        x = b.cb(ctx.add(cur, x), "mtp_post_ffn", il)
+        return b.cb(layers.rms_norm(b, x, self.w.head_norm), "mtp_shared_head_norm")
+
+    def _head(self, ctx: Context, shape: MtpShape) -> Tensor:
+        """The LM-head rows drafts are scored over: the hot set's, the first
+        ``draft_vocab`` ids, or the whole head."""
+        head = self.w.head
+        if self.hot is not None:
+            return self.hot.rows
+        if 0 < shape.draft_vocab < head.ne[1]:
+            # the first rows of the LM head: BPE ids are roughly frequency-ordered, and a
+            # draft is only a guess the target verifies, so this loses no correctness
+            return ctx.view(head, (head.ne[0], shape.draft_vocab), (head.nb[1],), 0)
+        return head
+
+    def _pick(self, b: Builder, ctx: Context, logits: Tensor, n_out: int,
+              ) -> tuple[Tensor, Tensor]:
+        """Outputs: each row's argmax token id and its softmax probability."""
+        ids = b.cb(ctx.argmax(logits), "mtp_argmax")
+        top = self._top_prob(b, ctx, logits, ids, n_out).set_output()
+        ids = self._hot_ids(b, ctx, ids, n_out).set_output()
+        b.graph.expand(ids)
+        b.graph.expand(top)
+        return ids, top
+
+    def _chain_step(self, b0: Builder, kv: KVCache, j: int, h: Tensor,
+                    written: list[Tensor]) -> Tensor:
+        """Draft step ``j`` in the same graph: each drafting row's argmax of step j - 1
+        (already a token id) with that step's hidden row, one row per sequence at the
+        next position, attending over the caches step j - 1 wrote. The host then reads
+        every step's drafts at once instead of running one graph per draft."""
+        ctx, n_out = b0.ctx, self.shape.n_outputs
+        b = Builder(ctx, b0.graph, b0.hp, b0.weight, b0.has_weight, 1, n_out, {})
+        causal = CausalInputs(ctx, 1, n_out, self.shape.n_kv, self.causal.S, f"mtp_d{j}_")
+        prev = self.chain_ids[-1] if self.chain_ids else self.ids
+        k, v = written[-2:]
+        x, cur = self._attend(b, prev, h, causal, k, v, written)
+        h = self._ffn(b, x, cur)
+        logits = b.cb(ctx.mul_mat(self._head(ctx, self.shape), h), "result_output")
+        ids, top = self._pick(b, ctx, logits, n_out)
+        self.chain.append(causal)
+        self.chain_ids.append(ids)
+        self.chain_top.append(top)
+        return h
 
     def _hot_ids(self, b, ctx: Context, ids: Tensor, n_out: int) -> Tensor:
         """Argmax rows -> token ids: through the hot set's ids when drafting over it."""
@@ -282,6 +340,9 @@ class MtpGraph:
         self._ids = np.zeros(shape.n_outputs, np.int32)
         self._top = np.zeros(shape.n_outputs, np.float32)
         self._h_out = np.zeros((shape.n_outputs, n_embd), np.float32)
+        self._chain_ids = np.zeros((shape.n_chain, shape.n_outputs), np.int32)
+        self._chain_top = np.zeros((shape.n_chain, shape.n_outputs), np.float32)
+        self._chain_pos = np.zeros(shape.n_outputs, np.int64)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), np.float32)
                         if self.logits is not None else None)
         self._bound = False
@@ -301,6 +362,13 @@ class MtpGraph:
             self._outs.append(HostBinding(self.ids, self._ids))
             if self.top is not None:
                 self._outs.append(HostBinding(self.top, self._top))
+        elif self.chain:  # every step's drafts into one array each
+            self._outs = [HostBinding(t, self._chain_ids[j])
+                          for j, t in enumerate([self.ids, *self.chain_ids])]
+            self._outs += [HostBinding(t, self._chain_top[j])
+                           for j, t in enumerate([self.top, *self.chain_top])]
+            for c in self.chain:
+                self._ins += c.bindings()
         elif self.ids is not None:
             self._outs += [HostBinding(self.ids, self._ids), HostBinding(self.top, self._top)]
         else:
@@ -314,6 +382,13 @@ class MtpGraph:
         self._h[:] = mb.hidden.reshape(self._h.shape)
         self.causal.fill(mb.pos0, tuple(mb.slots))
         self._out[:] = mb.outputs
+        if self.chain:  # step j drafts at the output row's position + j
+            T = self.shape.n_seq_tokens
+            out = mb.outputs
+            np.add(mb.pos0[out // T], out % T, out=self._chain_pos)
+            slots = tuple(mb.slots[b] for b in out // T)
+            for j, c in enumerate(self.chain, 1):
+                c.fill(self._chain_pos + j, slots)
         for bnd in self._ins:
             bnd.push()
         if self.sampling is not None:
@@ -324,6 +399,10 @@ class MtpGraph:
             bnd.pull()
         if self.out_ids is None:
             return MtpResult(self._ids, self._top, self._h_out)
+        if self.chain:
+            return MtpResult(self._chain_ids[0].copy(), self._chain_top[0].copy(),
+                             self._h_out, chain_ids=self._chain_ids.copy(),
+                             chain_probs=self._chain_top.copy())
         if self.sampling is not None:
             try:
                 ids = self.sampling.finish_host(mb.rows)
@@ -367,7 +446,7 @@ class Mtp(GraphRunner):
     def __init__(self, hp: HParams, weights: MtpWeights, kv: KVCache, sched: BackendScheduler,
                  device_argmax: bool = True, cache_size: int = 24, draft_vocab: int = 0,
                  hot_rows: int = 0) -> None:
-        super().__init__(sched, cache_size)
+        super().__init__(sched, cache_size, MTP_STEP_SCHEDS)
         self.hp = hp
         self.weights = weights
         self.kv = kv
@@ -390,12 +469,19 @@ class Mtp(GraphRunner):
 
     def run(self, mb: MtpBatch) -> MtpResult:
         B, T = mb.tokens.shape
-        end = int((mb.pos0 + T).max())
+        chain = mb.chain if self.chains(mb) else 1
+        end = int((mb.pos0 + T).max()) + chain - 1
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), len(mb.outputs),
                          self.device_argmax and not mb.logits, self.draft_vocab, mb.sampling,
-                         mb.hot and self.hot is not None)
+                         mb.hot and self.hot is not None, chain)
         res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s,
                                                      self.plans.get(s.sampling), self.hot),
                            lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read(mb))
-        self.n_evals += 1
+        self.n_evals += chain  # head evaluations (a chained graph makes ``chain`` of them)
         return res
+
+    def chains(self, mb: MtpBatch) -> bool:
+        """Whether ``mb``'s drafts can be chained in one graph: argmax drafts in the graph
+        (no sampler chains, no logits back) of rows that draft."""
+        return (mb.chain > 1 and self.device_argmax and not mb.logits and not mb.sampling
+                and len(mb.outputs) > 0)

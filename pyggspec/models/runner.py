@@ -12,6 +12,9 @@ from typing import Any
 from pyggspec.ggml.sched import BackendScheduler, GraphCache
 
 STEP_SCHEDS = 6  # per runner: step shapes that keep their own scheduler at once
+# the MTP head's loop alternates more shapes (catch-up rows x chained draft lengths), and
+# its graphs are one layer's: their schedulers cost little memory
+MTP_STEP_SCHEDS = 10
 PROMPT_GRAPHS = 6  # per runner: cached graphs of prompt-chunk shapes (> step_rows rows)
 
 
@@ -62,13 +65,15 @@ class GraphRunner:
     MTP one-row drafts), so each *step* shape (at most ``step_rows`` rows per sequence, set
     by the engine from its draft length) gets a scheduler of its own, keyed by the shape
     without its attended window: it is split and allocated once, and stays allocated while
-    the window is unchanged. At most ``STEP_SCHEDS`` live at once (least recently used
+    the window is unchanged. At most ``step_scheds`` live at once (least recently used
     closed first); :func:`pyggspec.compute.size_compute` bounds their memory. Prefill-sized
     graphs share the main scheduler, whose buffers are reserved at startup.
     """
 
-    def __init__(self, sched: BackendScheduler, cache_size: int) -> None:
+    def __init__(self, sched: BackendScheduler, cache_size: int,
+                 step_scheds: int = STEP_SCHEDS) -> None:
         self.sched = sched
+        self.step_scheds = step_scheds
         self.graphs = StepPromptCache(self, cache_size, PROMPT_GRAPHS)
         self._step_scheds: OrderedDict[Hashable, BackendScheduler] = OrderedDict()
         self._sched_keys: dict[Hashable, Hashable] = {}  # shape -> shape without its window
@@ -107,7 +112,7 @@ class GraphRunner:
         s = self._step_scheds.get(key)
         if s is None:
             s = self._step_scheds[key] = self.sched.spawn()
-            while len(self._step_scheds) > STEP_SCHEDS:
+            while len(self._step_scheds) > self.step_scheds:
                 self._step_scheds.popitem(last=False)[1].close()
         else:
             self._step_scheds.move_to_end(key)

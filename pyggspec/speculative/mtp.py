@@ -5,7 +5,8 @@ h the target's post-norm hidden row (zeros before the first token). After a veri
 the new pairs -- the accepted drafts and the new pending token, each with the target's
 hidden row of the position before -- go through the head in **one** batch whose last row
 yields the first draft; further drafts are one row per sequence per step, paired with the
-head's own hidden row (DESIGN §3, §8).
+head's own hidden row (DESIGN §3, §8). Argmax drafts (no sampler chain draws them, p_min 0)
+are all made in that one graph (``MtpBatch.chain``): one graph run per step, not one per draft.
 
 Coupled drafting (``coupled=True``, sequences whose chain samples): draft j of a sequence is
 drawn from the head's logits by that sequence's own sampler chain at prefix = the drafts
@@ -355,12 +356,20 @@ class MtpDrafter:
         hot = self.hot is not None and self.hot.active
         mb = MtpBatch(tokens, hidden, pos0, slots, outputs, hot=hot)
         mb.logits = bool(prob) and bool(drafting)  # q is computed from the head's logits
+        if (drafting and not prob and self.p_min == 0
+                and all(sampled[reqs[b].slot] is None for b in drafting)):
+            # argmax drafts: all in one graph (a p_min cut would leave passes computed for
+            # nothing, so those go step by step)
+            mb.chain = max(reqs[b].n_max for b in drafting)
         res = (self._run(mb, [(sampled[reqs[b].slot], ()) for b in drafting]) if drafting
                else self.mtp.run(mb))
         ends = {r.slot: r.pos0 + len(r.tokens) for r in reqs}
 
         # 2. autoregressive drafting: one row per still-drafting sequence
         live = [(b, i) for i, b in enumerate(drafting)]  # (request, result row)
+        if res.chain_ids is not None:  # every draft came from the one graph
+            self._chained(res, [reqs[b] for b in drafting], out)
+            live = []
         ids, probs, h = res.ids, res.probs, res.hidden
         if res.sampled and drafting:
             for b, row in live:  # the slot's better-matching rule picks its drafts
@@ -419,6 +428,17 @@ class MtpDrafter:
                 d.probs.clear()
                 d.q.clear()
         return out
+
+    def _chained(self, res: MtpResult, reqs: list[DraftRequest], out: dict[int, Draft]) -> None:
+        """Each request's drafts from a chained graph's steps, cut where the step-by-step
+        loop would have stopped (its ``n_max``, a stop token): the same drafts."""
+        for i, r in enumerate(reqs):
+            d = out[r.slot]
+            for tok, p in zip(res.chain_ids[:, i].tolist(), res.chain_probs[:, i].tolist()):
+                d.tokens.append(tok)
+                d.probs.append(p)
+                if len(d.tokens) >= r.n_max or (r.is_stop is not None and r.is_stop(tok)):
+                    break
 
     # --- the carry-over, per slot ---------------------------------------------------------
     def draft(self, items: list[DraftItem], history=None,
