@@ -69,6 +69,8 @@ Options
                           tiny-dense tiny-moe (their stand-ins off a GPU: the same code
                           paths); 0.8b 9b tiny (rows 50-54: Q8_0, a fresh process per run;
                           tiny on lavapipe: llama-server decodes 0.8B there at ~0.4 t/s)
+  --mtp-reps N            paired repetitions of the MTP rows (default 3 for the large shapes,
+                          5 for the small ones, 1 with --quick)
   --quant q4_k|q4_0|q8_0  the large shapes' type (default q4_k: every 2-D weight Q4_K, rows
                           outside 256-blocks Q8_0; q8_0 would not fit both shapes on 64 GiB)
   --budget MIN            minutes the whole device run may take from the first `device` call
@@ -135,6 +137,7 @@ DEVICE=""
 QUICK=0
 SHAPES=""
 QUANT=q4_k
+MTP_REPS=""
 BUDGET=25
 FOLLOW=540
 TEST_TIMEOUT=""
@@ -151,6 +154,7 @@ while [ $# -gt 0 ]; do
     --device) [ $# -ge 2 ] || die "--device needs a name"; DEVICE=$2; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --shapes) [ $# -ge 2 ] || die "--shapes needs a list (27b 35b-a3b tiny-dense tiny-moe 0.8b 9b tiny)"; SHAPES=$2; shift 2 ;;
+    --mtp-reps) [ $# -ge 2 ] || die "--mtp-reps needs a number"; MTP_REPS=$2; shift 2 ;;
     --quant) [ $# -ge 2 ] || die "--quant needs q4_k, q4_0 or q8_0"; QUANT=$2; shift 2 ;;
     --dry-run) [ -z "$STEP" ] || [ "$STEP" = plan ] || die "--dry-run is the plan step (got $STEP)"; STEP=plan; shift ;;
     --budget) [ $# -ge 2 ] || die "--budget needs minutes"; BUDGET=$2; shift 2 ;;
@@ -178,6 +182,7 @@ for s_ in $SHAPES; do
 done
 case "$QUANT" in q4_k|q4_0|q8_0) ;; *) die "--quant must be q4_k, q4_0 or q8_0, not '$QUANT'" ;; esac
 [[ "$FOLLOW" =~ ^[0-9]+$ ]] || die "--follow must be seconds, not '$FOLLOW'"
+[ -z "$MTP_REPS" ] || [[ "$MTP_REPS" =~ ^[0-9]+$ ]] || die "--mtp-reps must be a number, not '$MTP_REPS'"
 [ -z "$TEST_TIMEOUT" ] || [[ "$TEST_TIMEOUT" =~ ^[0-9]+$ ]] || die "--test-timeout must be seconds, not '$TEST_TIMEOUT'"
 [ -z "$JOBS" ] || [[ "$JOBS" =~ ^[0-9]+$ ]] || die "--jobs must be a number, not '$JOBS'"
 if [ -z "$DEVICE" ]; then
@@ -519,6 +524,7 @@ step_bench() {
   # shellcheck disable=SC2206  # a list of words on purpose
   [ -n "$SHAPES" ] && q+=(--shapes $SHAPES)
   q+=(--quant "$QUANT" --budget "$BUDGET")
+  [ -n "$MTP_REPS" ] && q+=(--mtp-reps "$MTP_REPS")
   t0=$(date +%s)
   local builds=()
   [ -x "$OLD_TOOLS/bin/llama-server" ] && builds+=(--llama "$LCP_VERSION=$OLD_TOOLS")
@@ -605,7 +611,7 @@ plan_text() {  # the time plan of one draw for these settings (bench.py --plan)
   [ -n "$SHAPES" ] && q+=(--shapes $SHAPES)
   [ "$SKIP_NEW" = 1 ] || q+=(--new-build)
   [ "$QUICK" = 1 ] && q+=(--quick)
-  if [ "$QUICK" = 1 ] || [ "$SMALL" = 1 ]; then
+  if [ "$SMALL" = 1 ] || { [ "$QUICK" = 1 ] && [ -z "$SHAPES" ]; }; then
     echo "(no time plan for the small shapes: their benchmarks skip by seconds per run)"
     return 0
   fi
@@ -671,6 +677,8 @@ step_device() {
     [ "$QUICK" = 1 ] && q=(--quick)
     [ -n "$SHAPES" ] && q+=(--shapes "$SHAPES")
     [ "$SKIP_NEW" = 1 ] && q+=(--skip-new)
+    [ -n "$MTP_REPS" ] && q+=(--mtp-reps "$MTP_REPS")
+    q+=(--quant "$QUANT")
     setsid nohup scripts/gpu_check.sh --backend "$BACKEND" --device "$DEVICE" --budget "$BUDGET" \
       --cuda-arch "$CUDA_ARCH" -j "$JOBS" --test-timeout "$TEST_TIMEOUT" "${q[@]}" _worker >>"$STATE/worker.log" 2>&1 </dev/null &
     echo $! >"$STATE/worker.pid"

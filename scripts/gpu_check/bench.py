@@ -868,7 +868,9 @@ def parse_args() -> argparse.Namespace:
     a.llama = builds
     if a.quick:  # lavapipe runs llama-server on the 0.8B shape at ~0.4 t/s: tiny there
         a.shapes = a.shapes or (["tiny"] if a.backend == "vulkan" else ["0.8b"])
-        a.agreements = a.agreements or [0.95]
+        # the large shapes keep both agreements: the second is a rewritten MTP head, cheap
+        a.agreements = a.agreements or ([0.95, 0.70] if all(x in shapes.BIG for x in a.shapes)
+                                        else [0.95])
         a.prompt, a.gen, a.n, a.n_sampled, a.reps = 64, 16, 16, 16, 1
         a.mtp_reps = a.mtp_reps or 1
         a.n_max, a.temps, a.clients, a.requests = [1, 2, 3], [0.6], [1, 2], 1

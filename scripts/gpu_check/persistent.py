@@ -99,6 +99,17 @@ class LlamaSrv:
         self.start_s = round(time.monotonic() - t0, 2)
         self.n_max = n_max
         self.srv.complete(bench_mtp.prompts(1, path)[0][:8], 64)  # warm-up, as ours_host
+        self._last = self._wait_reused(0)  # the log's counter after the warm-up
+
+    def _wait_reused(self, n_lines: int) -> int | None:
+        """The log's last "graphs reused" value once it has more than ``n_lines`` of them
+        (the slot's lines follow its response by a moment), else None."""
+        for _ in range(40):
+            got = self._reused()
+            if len(got) > n_lines:
+                return got[-1]
+            time.sleep(0.05)
+        return None
 
     def _reused(self) -> list[int]:
         try:
@@ -127,12 +138,11 @@ class LlamaSrv:
         steps = max(1, sum(t["predicted_n"] - 1 for t in tim) - acc) / len(tim)
         ms = statistics.mean(t["predicted_ms"] for t in tim)
         split = {"steps": round(steps, 1), "ms_per_step": ms / steps}
-        for _ in range(20):  # the slot's lines follow its response by a moment
-            got = self._reused()
-            if len(got) >= seen + len(res):
-                split["graphs_reused"] = got[-1]  # of its decode calls in this request
-                break
-            time.sleep(0.05)
+        now = self._wait_reused(seen + len(res) - 1)
+        if now is not None and self._last is not None:
+            # the log's counter runs over the server's life: this request's part
+            split["graphs_reused"] = now - self._last
+        self._last = now
         out["split"] = split
         return out
 
