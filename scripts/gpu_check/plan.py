@@ -34,7 +34,7 @@ DRAW_MIN = 15.0  # device time of one drawn task, all of it
 # the writer (pyggspec.testing with shared_layers, Q4_K), measured off a GPU on 2026-12-02:
 # 2 threads (PYGGSPEC_WRITER_THREADS=2) at nice 19 on a 2-core AVX-512 VM shared with other
 # work; wall and CPU seconds (user + sys) of the whole file, its size
-# (.gpu_offgpu/writer_*.json; scripts/gpu_check/shapes.py writes the same files)
+# (scripts/gpu_check/measure_writer.py; docs/data/gpu_check-offgpu-cb7173a.md)
 WRITER = {"27b": {"s": 223.2, "cpu_s": 354.0, "gib": 14.33},
           "35b-a3b": {"s": 319.3, "cpu_s": 451.8, "gib": 18.68},
           "tiny-dense": {"s": 1.0, "cpu_s": 1.0, "gib": 0.003},
