@@ -59,8 +59,8 @@ Options
   --backend cuda|vulkan   GPU backend (default cuda). vulkan reuses the llama-cpp-python
                           built by `CMAKE_ARGS=-DGGML_VULKAN=on ./install.sh`.
   --device NAME           ggml device for pyggspec and the tests (default CUDA0 / Vulkan0)
-  --quick                 small run: one model (0.8B-shaped; vulkan: tiny), agreement 0.95,
-                          fewer tokens, n_max 1-3, 1 repetition
+  --quick                 small run: one model (0.8B-shaped; vulkan: tiny), agreement 0.95
+                          (the large shapes: both), fewer tokens, n_max 1-3, 1 repetition
   --shapes "S ..."        model shapes for the benchmarks (scripts/gpu_check/shapes.py, with
                           the sources of their hyper-parameters): 27b 35b-a3b (default: the
                           Qwen3.6-27B dense and Qwen3.6-35B-A3B MoE shapes, one 4-bit file
@@ -118,9 +118,12 @@ The device calls (the lead session makes them; the device tool is no shell comma
   --budget 9" (the benchmarks stop taking items after 9 minutes).
   The shapes of rows 50-54: --shapes 0.8b (add 9b with more time), as before.
 
-Off a GPU (the whole plan on CPU, tiny stand-ins; a Python 3.12 like the device's):
-  GPU_CHECK_NO_CUDA=1 scripts/gpu_check.sh --device CPU --shapes "tiny-dense tiny-moe" \
-    --budget 60 --skip-new -j 2 device      (repeat until FINISHED)
+Off a GPU (the whole plan on the CPU with the tiny stand-ins; PYTHON: a Python 3.12 venv
+standing in for the device image; docs/data/gpu_check-offgpu-cb7173a.md, ~50 min on 2 cores):
+  PYTHON=/tmp/dev312/bin/python scripts/gpu_check.sh prepare
+  GPU_CHECK_NO_CUDA=1 PYTHON=/tmp/dev312/bin/python nice -n 19 scripts/gpu_check.sh --device CPU \
+    --shapes "tiny-dense tiny-moe" --quick --mtp-reps 3 --budget 90 --skip-new -j 2 device
+  (repeat until FINISHED; the device tests fail at setup there: no accelerator device)
 
 Local Vulkan check (Mesa lavapipe on this 2-core VM): after `CMAKE_ARGS=-DGGML_VULKAN=on
 ./install.sh`:  scripts/gpu_check.sh prepare && scripts/gpu_check.sh --backend vulkan --quick
