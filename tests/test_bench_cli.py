@@ -34,6 +34,7 @@ def test_verdict_comes_from_the_ratios(ratios, verdict):
     assert {"pays": "PAYS", "does not pay": "NOT pay", "breaks even": "breaks even"}[verdict] \
         in text
     assert rep.default_choice == {0: 2, 2: 1, 3: 7}
+    assert rep.best.name == {"pays": "default", "does not pay": "plain"}.get(verdict, rep.best.name)
     assert rep.to_dict()["settings"][1]["vs_plain"] == pytest.approx(sorted(ratios)[1])
 
 

@@ -74,6 +74,12 @@ def bench(model: Path, config: EngineConfig, reps: int, n_predict: int,
     from pyggspec.benchmark import render, run_bench
     from pyggspec.progress import Progress
 
+    if plot is not None:  # fail before minutes of measuring, not after them
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise click.UsageError("--plot needs matplotlib (pip install 'pyggspec[plot]' "
+                                   "or pip install matplotlib)") from None
     add_rpc_servers(rpc)
     config = config.replace(progress=False if as_json else config.progress)
     bar: list[Progress] = []
@@ -100,14 +106,14 @@ def bench(model: Path, config: EngineConfig, reps: int, n_predict: int,
     finally:
         if bar:
             bar[0].finish()
-    if plot is not None:
-        draw(report, plot)
-        log(f"plot written to {plot}")
     if as_json:
         click.echo(report.json())
-        return
-    for line in render(report):
-        click.echo(line)
+    else:
+        for line in render(report):
+            click.echo(line)
+    if plot is not None:  # after the report: a failing plot never loses the measurement
+        draw(report, plot)
+        log(f"plot written to {plot}")
 
 
 def _frame(label_box: list[str]):
