@@ -209,10 +209,25 @@ def test_spm_infill_puts_the_suffix_first(http, engine):  # http: the scheduler 
 
 
 # --------------------------------------------------------------------------- llama-server
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(base: str, proc: subprocess.Popen, timeout: float, what: str) -> None:
+    """Poll ``base``/health until it answers 200; fail if ``proc`` exits or time runs out."""
+    t0 = time.monotonic()
+    while True:
+        assert proc.poll() is None, f"{what}: exited early"
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() - t0 < timeout, f"{what}: not up in {timeout} s"
+        time.sleep(0.2)
 
 
 @pytest.mark.skipif(not LLAMA_SERVER.exists(),
@@ -222,22 +237,14 @@ def _free_port() -> int:
 def test_same_prompt_as_llama_server(http, engine, fim_path, spm):
     """llama-server b11549 on the same GGUF, same per-slot context, batch and -n: the
     prompt it evaluates for /infill (echoed detokenized, and its token count) is ours."""
-    port = _free_port()
+    port = free_port()
     cmd = [str(LLAMA_SERVER), "-m", str(fim_path), "--host", "127.0.0.1", "--port", str(port),
            "-c", str(N_CTX), "-np", "1", "-b", str(N_BATCH), "-ub", str(N_BATCH), "-t", "1",
            "--no-warmup", "--no-webui", *(["--spm-infill"] if spm else [])]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, "llama-server exited"
-            time.sleep(0.2)
+        wait_healthy(base, proc, 120, "llama-server")
         body = {**BODY, "n_predict": 1, "cache_prompt": False}
         req = urllib.request.Request(base + "/infill", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})

@@ -22,14 +22,14 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.test_infill import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -116,15 +116,9 @@ def _swap(text: str, names: dict[str, str]) -> str:
     return text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve(cmd: str, env: dict[str, str], cwd: Path) -> None:
     """Start the README's serve line on a free port, check it answers, stop it."""
-    port = _free_port()
+    port = free_port()
     cmd = re.sub(r"--port \d+", f"--port {port}", cmd)
     if "--port" not in cmd:
         cmd += f" --port {port}"
@@ -133,17 +127,7 @@ def _serve(cmd: str, env: dict[str, str], cwd: Path) -> None:
                          stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        t0 = time.monotonic()
-        while True:
-            assert p.poll() is None, f"{cmd}: exited early:\n{p.stdout.read()}"
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() - t0 < TIMEOUT, f"{cmd}: not up in {TIMEOUT} s"
-            time.sleep(0.3)
+        wait_healthy(url, p, TIMEOUT, cmd)
         body = json.dumps({"model": "m", "max_tokens": 4, "temperature": 0,
                            "messages": [{"role": "user", "content": "Hi"}]}).encode()
         req = urllib.request.Request(url + "/v1/chat/completions", body,

@@ -207,14 +207,19 @@ class Runner:
                   flush=True)
             return
         print(f"[bench] {name} ({n_runs} runs, ~{need:.0f}s)", file=sys.stderr, flush=True)
+        dt = self._timed(name, fn)
+        self.items_done.append({"item": name, "seconds": round(dt, 1)})
+        self.write()
+
+    def _timed(self, name: str, fn) -> float:
+        """Run one item; its error is recorded and the next item runs. Seconds it took."""
         t0 = time.monotonic()
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - reported, the next item runs
             self.errors.append(f"{name}: {type(e).__name__}: {e}")
             traceback.print_exc()
-        self.items_done.append({"item": name, "seconds": round(time.monotonic() - t0, 1)})
-        self.write()
+        return time.monotonic() - t0
 
     def item_est(self, name: str, est: float, fn) -> None:
         """:meth:`item` for a row group priced by plan.py: ``est`` seconds, scaled by the
@@ -230,13 +235,7 @@ class Runner:
             return
         print(f"[bench] {name} (~{need:.0f}s: plan {est:.0f}s x {scale:.2f})", file=sys.stderr,
               flush=True)
-        t0 = time.monotonic()
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 - reported, the next item runs
-            self.errors.append(f"{name}: {type(e).__name__}: {e}")
-            traceback.print_exc()
-        dt = time.monotonic() - t0
+        dt = self._timed(name, fn)
         self.scales.append(dt / max(est, 1.0))
         self.items_done.append({"item": name, "seconds": round(dt, 1), "plan_s": round(est, 1)})
         self.write()
