@@ -188,7 +188,7 @@ class MtpGraph:
         T, B = shape.n_seq_tokens, shape.n_seqs
         n, il, n_embd = T * B, w.block, hp.n_embd
         self.shape = shape
-        self.w, self.hp = w, hp
+        self.w = w
         size = GRAPH_SIZE * shape.n_chain
         self.ctx = ctx = Context(size * 2, graph_size=size)
         try:
@@ -245,7 +245,7 @@ class MtpGraph:
             elif shape.device_argmax:
                 self.ids, self.top = self._pick(b, ctx, logits, shape.n_outputs)
                 for j in range(1, shape.n_chain):
-                    h_out = self._chain_step(b, kv, j, h_out, written)
+                    h_out = self._chain_step(b, j, h_out, written)
             else:
                 self.ids = self.top = None
                 self.logits = logits.set_output()
@@ -299,8 +299,7 @@ class MtpGraph:
         b.graph.expand(top)
         return ids, top
 
-    def _chain_step(self, b0: Builder, kv: KVCache, j: int, h: Tensor,
-                    written: list[Tensor]) -> Tensor:
+    def _chain_step(self, b0: Builder, j: int, h: Tensor, written: list[Tensor]) -> Tensor:
         """Draft step ``j`` in the same graph: each drafting row's argmax of step j - 1
         (already a token id) with that step's hidden row, one row per sequence at the
         next position, attending over the caches step j - 1 wrote. The host then reads
@@ -399,10 +398,9 @@ class MtpGraph:
             bnd.pull()
         if self.out_ids is None:
             return MtpResult(self._ids, self._top, self._h_out)
-        if self.chain:
-            return MtpResult(self._chain_ids[0].copy(), self._chain_top[0].copy(),
-                             self._h_out, chain_ids=self._chain_ids.copy(),
-                             chain_probs=self._chain_top.copy())
+        if self.chain:  # no hidden rows come back: the drafts ended in the graph
+            ids, top = self._chain_ids.copy(), self._chain_top.copy()
+            return MtpResult(ids[0], top[0], self._h_out[:0], chain_ids=ids, chain_probs=top)
         if self.sampling is not None:
             try:
                 ids = self.sampling.finish_host(mb.rows)
