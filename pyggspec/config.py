@@ -131,6 +131,12 @@ class EngineConfig:
     cpu_moe: bool = False  # -cmoe
     use_mmap: bool = True  # --no-mmap
     repack: bool = True  # -nr / --no-repack
+    # --fit: what the user left unset (-ngl None/"auto", no -ot/-cmoe/-ncmoe, -c 0) is
+    # chosen to fit each offload device's free memory less fit_target MiB (-fitt: one value
+    # for every device, or one per device in order), never cutting -c 0 below fit_ctx (-fitc)
+    fit: bool = True
+    fit_target: tuple[int, ...] = (1024,)
+    fit_ctx: int = 4096
     # caches
     type_k: str = "f16"  # -ctk
     type_v: str = "f16"  # -ctv
@@ -160,6 +166,12 @@ class EngineConfig:
         for flag, t in (("-ctk", self.type_k), ("-ctv", self.type_v),
                         ("-ctkd", self.mtp_type_k), ("-ctvd", self.mtp_type_v)):
             check_kv_type(flag, t)
+        target = tuple(self.fit_target) if not isinstance(self.fit_target, int) \
+            else (self.fit_target,)
+        if not target or any(not isinstance(t, int) or t < 0 for t in target):
+            raise ConfigError("-fitt", f"need MiB values >= 0, got {self.fit_target!r}")
+        if self.fit_ctx < 1:
+            raise ConfigError("-fitc", f"must be >= 1, got {self.fit_ctx}")
         if self.ctx_checkpoints < 0 or self.checkpoint_min_step < 1:
             raise ConfigError("--ctx-checkpoints", "need ctx_checkpoints >= 0 and "
                                 "checkpoint_min_step >= 1")
@@ -173,6 +185,7 @@ class EngineConfig:
         set_(self, "spec_type", ",".join(kinds) or None)
         set_(self, "n_ubatch", min(self.n_ubatch, self.n_batch))
         set_(self, "override_tensor", tuple(tuple(p) for p in self.override_tensor))
+        set_(self, "fit_target", target)
         if self.mtp_path is not None:
             set_(self, "mtp_path", os.fspath(self.mtp_path))
 

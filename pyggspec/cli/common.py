@@ -407,7 +407,9 @@ def parse_ngl(value: str | None) -> int | str | None:
 def cpu_moe_patterns(n: int) -> list[tuple[str, str]]:
     """``-ncmoe N``: the -ot patterns llama.cpp adds, keeping the experts of layers 0..N-1 on
     the CPU."""
-    return [(f"blk\\.{i}\\.ffn_(up|down|gate|gate_up)_(ch|)exps", "CPU") for i in range(n)]
+    from pyggspec.weights.placement import n_cpu_moe_patterns
+
+    return n_cpu_moe_patterns(n)
 
 
 # option dest -> EngineConfig field, for the values that are not the field itself

@@ -64,6 +64,49 @@ class MemoryPlan:
         return d
 
 
+def kv_cells(n_ctx: int, spec_n_max: int) -> int:
+    """KV cells per slot: the context, and with speculation the n_max + 2 positions a
+    verify or draft batch may run past the committed ones."""
+    return n_ctx + (spec_n_max + 2 if spec_n_max > 0 else 0)
+
+
+def layer_states(hp: HParams, *, n_ctx: int, n_parallel: int, type_k: str = "f16",
+                 type_v: str = "f16", spec_n_max: int = 0,
+                 rollback: str | None = None) -> list[dict[str, int]]:
+    """Bytes of caches and states each trunk block puts on its own device, by component:
+    the arithmetic :func:`plan_memory` sums per device, and that the fit
+    (:mod:`pyggspec.memory.fit`) moves layer by layer, so both price a layer alike."""
+    spec = spec_n_max > 0
+    cells = kv_cells(n_ctx, spec_n_max)
+    tk, tv = ggml_type(type_k), ggml_type(type_v)
+    kv_row = tk.row_bytes(hp.n_embd_k_gqa) + tv.row_bytes(hp.n_embd_v_gqa)
+    row = (hp.n_embd_r + hp.n_embd_s) * 4
+    state = row * n_parallel
+    # a spare plane for checkpoint rollback; with snapshots the arena where the verify
+    # graph writes the state after each of its rows (RecurrentState)
+    planes = 2 if spec and rollback != "snapshot" else 1
+    arena = 0
+    if spec and rollback == "snapshot":
+        arena = n_parallel * most_verify_rows(n_parallel, spec_n_max)
+    rows, _ = arena_layout(n_parallel, planes, arena, hp.ssm_d_inner, hp.n_embd_s)
+    out: list[dict[str, int]] = []
+    for il in range(hp.n_layer):
+        if hp.is_recurrent(il):
+            out.append({"recurrent": state, "checkpoints": state * (planes - 1),
+                        "snapshots": row * (rows - n_parallel * planes)})
+        else:
+            out.append({"kv": kv_row * cells * n_parallel})
+    return out
+
+
+def mtp_kv_bytes(mtp_hp: HParams, *, n_ctx: int, n_parallel: int, spec_n_max: int,
+                 type_k: str = "f16", type_v: str = "f16") -> int:
+    """The MTP head's KV cache (on the head's device), all slots."""
+    mk, mv = ggml_type(type_k), ggml_type(type_v)
+    row = mk.row_bytes(mtp_hp.n_embd_k_gqa) + mv.row_bytes(mtp_hp.n_embd_v_gqa)
+    return row * kv_cells(n_ctx, spec_n_max) * n_parallel
+
+
 def _ffn_width(hp: HParams) -> int:
     """Widest FFN activation per token (MoE: the routed experts; the shared expert's
     buffers are reused after them)."""
@@ -93,32 +136,15 @@ def plan_memory(hp: HParams, n_vocab: int, weights_by_device: dict[str, int],
     for dev, n in weights_by_device.items():
         plan.add("weights", dev, n)
     spec = spec_n_max > 0
-    cells = n_ctx + (spec_n_max + 2 if spec else 0)
-    tk, tv = ggml_type(type_k), ggml_type(type_v)
-    kv_row = tk.row_bytes(hp.n_embd_k_gqa) + tv.row_bytes(hp.n_embd_v_gqa)
-    row = (hp.n_embd_r + hp.n_embd_s) * 4
-    state = row * n_parallel
-    # a spare plane for checkpoint rollback; with snapshots the arena where the verify
-    # graph writes the state after each of its rows (RecurrentState)
-    planes = 2 if spec and rollback != "snapshot" else 1
-    arena = 0
-    if spec and rollback == "snapshot":
-        arena = n_parallel * most_verify_rows(n_parallel, spec_n_max)
-    rows, _ = arena_layout(n_parallel, planes, arena, hp.ssm_d_inner, hp.n_embd_s)
-    for il in range(hp.n_layer):
-        dev = layer_devices[il]
-        if hp.is_recurrent(il):
-            plan.add("recurrent", dev, state)
-            if planes > 1:
-                plan.add("checkpoints", dev, state * (planes - 1))
-            plan.add("snapshots", dev, row * (rows - n_parallel * planes))
-        else:
-            plan.add("kv", dev, kv_row * cells * n_parallel)
+    for il, per in enumerate(layer_states(hp, n_ctx=n_ctx, n_parallel=n_parallel,
+                                          type_k=type_k, type_v=type_v,
+                                          spec_n_max=spec_n_max, rollback=rollback)):
+        for component, n in per.items():
+            plan.add(component, layer_devices[il], n)
     if spec and mtp:
-        mh = mtp_hp or hp
-        mk, mv = ggml_type(mtp_type_k), ggml_type(mtp_type_v)
-        row = mk.row_bytes(mh.n_embd_k_gqa) + mv.row_bytes(mh.n_embd_v_gqa)
-        plan.add("mtp_kv", mtp_device or output_device, row * cells * n_parallel)
+        plan.add("mtp_kv", mtp_device or output_device,
+                 mtp_kv_bytes(mtp_hp or hp, n_ctx=n_ctx, n_parallel=n_parallel,
+                              spec_n_max=spec_n_max, type_k=mtp_type_k, type_v=mtp_type_v))
     for dev, n in (step_graphs or {}).items():
         plan.add("step_graphs", dev, n)
     if compute is not None:

@@ -86,7 +86,7 @@ class Placement:
 def resolve_n_gpu_layers(n_gpu_layers: NGpuLayers, n_layer_all: int) -> int:
     """llama.cpp's ``n_gpu_layers()``: negative / None / "all" / "auto" mean every layer + output.
 
-    ("auto" in llama.cpp's CLI also fits layers to free memory; we do not fit here.)
+    (Unset / "auto" also lets ``--fit`` choose the count: :mod:`pyggspec.memory.autofit`.)
     """
     if n_gpu_layers is None or n_gpu_layers in ("all", "auto"):
         return n_layer_all + 1
@@ -232,6 +232,48 @@ def plan_placement(model: ModelFile, devices: Sequence[str],
         output_copy_device=copy_dev, bytes_by_device=nbytes, overridden=overridden,
         skipped=tuple(skipped), refused=refused,
     )
+
+
+def n_cpu_moe_patterns(n: int) -> list[tuple[str, str]]:
+    """``-ncmoe N``: the ``-ot`` patterns llama.cpp adds, keeping the MoE expert weights of
+    blocks 0..N-1 on the CPU."""
+    return [(f"blk\\.{i}\\.ffn_(up|down|gate|gate_up)_(ch|)exps", CPU) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """A file's weight bytes by what a fit can move: per block the weights that move with
+    the layer (``-ngl``) and its MoE expert weights (``-ncmoe``), the output layer, and the
+    tensors the user's ``-ot`` patterns pin to a device (which no fit moves)."""
+
+    dense: tuple[int, ...]
+    experts: tuple[int, ...]
+    output: int  # output.weight / output_norm (a tied head: the copy on the output device)
+    pinned: Mapping[str, int]  # device -> bytes of overridden tensors (token_embd: CPU)
+
+
+def layer_weights(model: ModelFile, placement: Placement) -> LayerWeights:
+    """``placement``'s tensors (planned with the user's settings) by block and kind, for
+    :mod:`pyggspec.memory.fit`: the same tensors, bytes and override rules as the plan."""
+    n = model.hparams.n_layer_all
+    dense, experts = [0] * n, [0] * n
+    output = 0
+    pinned: dict[str, int] = {}
+    rx = re.compile(CPU_MOE_REGEX)
+    for name, dev in placement.tensor_devices.items():
+        nbytes = model.tensors[name].nbytes
+        il = _block_of(name)
+        if name in placement.overridden or name == "token_embd.weight":
+            pinned[dev] = pinned.get(dev, 0) + nbytes
+        elif il is None:
+            output += nbytes
+        elif rx.search(name):
+            experts[il] += nbytes
+        else:
+            dense[il] += nbytes
+    if model.tied_output and "token_embd.weight" in placement.tensor_devices:
+        output += model.tensors["token_embd.weight"].nbytes
+    return LayerWeights(tuple(dense), tuple(experts), output, pinned)
 
 
 def sum_bytes(*placements: Placement) -> dict[str, int]:
