@@ -21,6 +21,7 @@ from pyggspec.errors import PyggspecError
 from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
 from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.memory import KVCache, RecurrentState, SlotMemory
+from pyggspec.memory.autofit import fit_config
 from pyggspec.memory.plan import graph_options, planned_n_ctx
 from pyggspec.memory.recurrent import arena_layout
 from pyggspec.modelfile import open_model
@@ -63,6 +64,7 @@ class Parts:
     sched: BackendScheduler | None = None
     mtp_sched: BackendScheduler | None = None
     memory_plan: Any = None
+    fit: Any = None  # memory.autofit.Fitted when --fit chose something
     compute: Any = None
     step_rows: int = 0
     target: Target | None = None
@@ -92,10 +94,6 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
                                 "with -m and this file with --spec-draft-model")
         p.hp = hp = trunk.hparams
         p.n_vocab = trunk.n_vocab
-        p.n_ctx = planned_n_ctx(cfg, hp)
-        if p.n_ctx < cfg.n_ctx:
-            log.warning("-c %d is more than the model's training context; using %d",
-                        cfg.n_ctx, hp.n_ctx_train)
         cfg.sampling.check_vocab(p.n_vocab)
         spec = cfg.spec
         grafted = False
@@ -107,6 +105,14 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
             grafted = True
         # a registered RPC device whose server is gone cannot take layers
         names = [d.name for d in devices() if d.reachable()]
+        p.fit = fit_config(p.model, cfg, names, device=cfg.device, include_mtp=grafted)
+        if p.fit is not None:  # what the user left unset, chosen to fit (--fit)
+            p.cfg = cfg = p.fit.config
+            log.info("%s", p.fit.table())
+        p.n_ctx = planned_n_ctx(cfg, hp)
+        if p.n_ctx < cfg.n_ctx:
+            log.warning("-c %d is more than the model's training context; using %d",
+                        cfg.n_ctx, hp.n_ctx_train)
         p.placement = plan_placement(trunk, names, cfg.n_gpu_layers, cfg.device,
                                      cfg.override_tensor, cfg.cpu_moe, include_mtp=grafted,
                                      accepts=_device_accepts)

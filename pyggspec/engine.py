@@ -117,6 +117,10 @@ class Engine:
       sequence ids are slot numbers ``0..n_parallel-1``), ``n_threads`` (``-t``).
     - ``n_gpu_layers`` (``-ngl``: a number, ``"all"`` or ``"auto"``), ``device``
       (``-dev``), ``override_tensor`` (``-ot``), ``repack`` (``-nr`` turns it off).
+    - ``fit`` (``--fit``, on), ``fit_target`` (``-fitt``, MiB kept free per device,
+      1024), ``fit_ctx`` (``-fitc``, 4096): with an offload device, an unset
+      ``n_gpu_layers`` (None / ``"auto"``), no ``override_tensor``/``cpu_moe`` and
+      ``n_ctx=0`` are chosen to fit its free memory (``config`` then holds the choice).
     - ``load_tokenizer`` (False for token ids only), ``progress`` (load progress on
       stderr; None: when stderr is a terminal).
 
@@ -138,6 +142,7 @@ class Engine:
         self.config = cfg = config if config is not None else EngineConfig.from_kwargs(**kw)
         self.model_path = os.fspath(model_path)
         self._parts: Parts = assemble(self.model_path, cfg)
+        self.config = cfg = self._parts.cfg  # with what --fit chose for what was unset
         try:
             self.worker = Worker(self._parts)
             self.tokenizer = None

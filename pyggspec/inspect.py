@@ -109,6 +109,25 @@ def _inspect_opened(path: str | os.PathLike, model: Any, cfg: EngineConfig, auto
     elif not binding:  # no binding to ask: take the named devices on trust
         devices += [d for d in device.split(",") if d and d not in ("none", "CPU")]
     trunk = model.trunk
+    owner = model.mtp_owner
+    if auto_spec and not cfg.speculative and owner is not None:
+        cfg = cfg.replace(spec_type="draft-mtp")
+    fitted = None  # --fit, as the engine would fit (nothing to do without a device)
+    fit_warning = None
+    if binding:
+        from pyggspec.memory.autofit import fit_config
+        from pyggspec.memory.fit import FitError
+
+        free = {d.name: d.memory_free for d in infos or ()}
+        try:
+            fitted = fit_config(model, cfg, devices, device=device,
+                                include_mtp=model.mtp_source == "grafted", free=free)
+        except FitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a device that cannot be opened here
+            fit_warning = f"--fit not planned ({type(e).__name__}: {e})"
+        if fitted is not None:
+            cfg = fitted.config
     kw = {"n_gpu_layers": cfg.n_gpu_layers, "device": device,
           "override_tensor": list(cfg.override_tensor), "cpu_moe": cfg.cpu_moe}
     p_trunk = plan_placement(trunk, devices, include_mtp=model.mtp_source == "grafted",
@@ -129,7 +148,6 @@ def _inspect_opened(path: str | os.PathLike, model: Any, cfg: EngineConfig, auto
             warn_repack = f"weight repacking not predicted ({type(e).__name__}: {e})"
         for d, n in (repack.extra_bytes if repack is not None else {}).items():
             weights[d] = weights.get(d, 0) + n
-    owner = model.mtp_owner
     # the engine's context is capped at the training context: plan for that one
     n_ctx_run = planned_n_ctx(cfg, trunk.hparams)
     mem = estimate_memory(trunk.hparams, weights, n_ctx_run, cfg.n_parallel,
@@ -138,8 +156,11 @@ def _inspect_opened(path: str | os.PathLike, model: Any, cfg: EngineConfig, auto
     report = _report(model, placements, mem, why if not binding else None)
     if warn_repack:
         report["warnings"].append(warn_repack)
-    if auto_spec and not cfg.speculative and owner is not None:
-        cfg = cfg.replace(spec_type="draft-mtp")
+    if fit_warning:
+        report["warnings"].append(fit_warning)
+    if fitted is not None:
+        report["fit"] = fitted.to_dict()
+        report["fit"]["table"] = fitted.table()
     if cfg.uses_mtp and owner is None:
         raise PyggspecError(path, "no MTP head (nextn_predict_layers = 0); pass --mtp "
                             "mtp-….gguf to plan speculation")
@@ -180,6 +201,24 @@ def _inspect_opened(path: str | os.PathLike, model: Any, cfg: EngineConfig, auto
     if tensors:
         report["tensor_list"] = _tensor_list(model, placements)
     return report
+
+
+def fit_table(report: dict[str, Any]) -> str:
+    """``--fit-print``'s one table: the fitted placement and the predicted memory per
+    device, or, where nothing was fitted, the placement as given."""
+    if "fit" in report:
+        return report["fit"]["table"]
+    from pyggspec.memory.fit import block_ranges, format_table
+
+    p = report["placement"][0]
+    n_trunk = report["n_layer"] if "n_layer" in report else len(report["layer_kinds"])
+    rows = []
+    for dev, n in sorted(report["memory"]["by_device"].items(), key=lambda d: d[0] == "CPU"):
+        rows.append({"device": dev, "layers": block_ranges(p["layer_devices"], dev, n_trunk)
+                     or "-", "output": "yes" if p["output_device"] == dev else "",
+                     "predicted MiB": f"{n / 2**20:.1f}", "free MiB": "-", "target MiB": "-"})
+    return format_table(rows, "fit: nothing fitted (--fit off, no offload device, or -ngl, "
+                        "the experts' device and -c all set); the placement as given")
 
 
 def inspect_mtp_only(path: str | os.PathLike, pair: str | os.PathLike | None = None, *,
@@ -289,5 +328,5 @@ def _tensor_list(model: Any, placements: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["InspectUsageError", "device_infos", "inspect_model", "inspect_mtp_only",
+__all__ = ["InspectUsageError", "device_infos", "fit_table", "inspect_model", "inspect_mtp_only",
            "is_mtp_only", "offload_candidates", "pair_error"]

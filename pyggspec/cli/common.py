@@ -106,9 +106,48 @@ CHECKPOINT_MIN_STEP = Opt("--checkpoint-min-step", "checkpoint_min_step",
                           help="Least prompt tokens between two checkpoints (two more are "
                                "saved 4 + -ub and 4 tokens before each prompt's end, as "
                                "llama-server does).")
+_TRUTHY, _FALSEY = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
+
+
+def _on_off_cb(ctx: click.Context, param: click.Parameter, value: str | bool) -> bool:
+    """llama.cpp's on|off values (is_truthy / is_falsey in arg.cpp)."""
+    if isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
+    if v in _TRUTHY or v in _FALSEY:
+        return v in _TRUTHY
+    raise click.BadParameter(f"expected on or off, got '{value}'")
+
+
+def _fit_target_cb(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    from pyggspec.errors import PyggspecError
+    from pyggspec.memory.fit import parse_fit_target
+
+    try:
+        return parse_fit_target(value)
+    except PyggspecError as e:
+        raise click.BadParameter(e.message) from None
+
+
+FIT = Opt("-fit", "--fit", "fit", metavar="on|off", default="on", show_default=True,
+          callback=_on_off_cb, envvar="LLAMA_ARG_FIT",
+          help="Choose what is left unset (-ngl, the MoE experts' device, -c 0) to fit the "
+               "offload devices' free memory less -fitt.")
+FIT_TARGET = Opt("-fitt", "--fit-target", "fit_target", metavar="MiB[,MiB...]", default="1024",
+                 show_default=True, callback=_fit_target_cb, envvar="LLAMA_ARG_FIT_TARGET",
+                 help="Memory --fit keeps free on each offload device (one value for all, or "
+                      "one per device).")
+FIT_CTX = Opt("-fitc", "--fit-ctx", "fit_ctx", type=click.IntRange(min=1), default=4096,
+              show_default=True, envvar="LLAMA_ARG_FIT_CTX",
+              help="Least context --fit cuts -c 0 (the training context) to.")
+FIT_PRINT = Opt("-fitp", "--fit-print", "fit_print", metavar="[on|off]", is_flag=False,
+                flag_value="on", default="off", callback=_on_off_cb,
+                help="Print the placement and predicted memory per device (one table) and "
+                     "exit.")
+FIT_OPTIONS = (FIT, FIT_TARGET, FIT_CTX, FIT_PRINT)
 # the engine options run and serve both add in this order, after their own -c/-np/-b/-ub
 PLACEMENT_OPTIONS = (N_THREADS, NGL, DEVICE, OVERRIDES, CPU_MOE, N_CPU_MOE, TYPE_K, TYPE_V, RPC,
-                     NO_MMAP, NO_REPACK)
+                     NO_MMAP, NO_REPACK, *FIT_OPTIONS)
 
 
 def placement_options(**changes: Mapping[str, Any]) -> Callable[[F], F]:
@@ -467,6 +506,15 @@ def engine_from_config(path: str | Path, config: EngineConfig) -> Any:
     from pyggspec.engine import Engine
 
     return Engine(path, config=config)
+
+
+def print_fit(model: str | Path | None, config: EngineConfig) -> None:
+    """``-fitp``: the fit's table for ``config`` (as the engine would fit it), on stdout."""
+    if model is None:
+        raise click.UsageError("--fit-print needs a model (-m FILE)")
+    from pyggspec.inspect import fit_table, inspect_model
+
+    click.echo(fit_table(inspect_model(model, config)))
 
 
 def add_rpc_servers(rpc: str | None) -> None:

@@ -16,14 +16,20 @@ from pyggspec.cli.common import (
     CPU_MOE,
     DEVICE,
     DRAFT_SAMPLING,
+    FIT,
+    FIT_CTX,
+    FIT_PRINT,
+    FIT_TARGET,
     N_PARALLEL,
     N_UBATCH,
     NGL,
     NO_REPACK,
     OVERRIDES,
     ROLLBACK,
+    RPC,
     TYPE_K,
     TYPE_V,
+    add_rpc_servers,
     engine_config,
     fmt_bytes,
 )
@@ -75,17 +81,31 @@ def _ggml_type(ctx: click.Context, param: click.Parameter, value: str) -> str:
                        "default: when the logits are not on the CPU).")
 @DRAFT_SAMPLING(help="Plan for coupled drafts (sampler chains in the MTP graph) or greedy "
                      "ones.")
+@RPC()
+@FIT(help="Plan what is left unset (-ngl, the MoE experts' device, -c 0) to fit the offload "
+          "devices' free memory less -fitt, as run and serve do.")
+@FIT_TARGET()
+@FIT_CTX()
+@FIT_PRINT()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @engine_config
 def inspect(file: Path, config: EngineConfig, spec_n_max: int | None, rollback: str,
             draft_sampling: str, show_tensors: bool, pair_path: Path | None,
-            as_json: bool) -> None:
+            as_json: bool, rpc: str | None = None, fit_print: bool = False) -> None:
     """Describe a Qwen3.5/3.6 GGUF: dims, layer kinds, MTP head, tensors, memory.
 
     FILE may also be an MTP-only GGUF (mtp-*.gguf): then the head, its tensors and what a
     trunk must match to pair with it are described (check one with --pair TRUNK).
     """
-    from pyggspec.inspect import InspectUsageError, inspect_model, is_mtp_only, pair_error
+    from pyggspec.inspect import (
+        InspectUsageError,
+        fit_table,
+        inspect_model,
+        is_mtp_only,
+        pair_error,
+    )
+
+    add_rpc_servers(rpc)
 
     spec = SpecConfig(n_max=spec_n_max or SpecConfig.n_max, rollback=rollback,
                       draft_sampling=draft_sampling)
@@ -103,7 +123,9 @@ def inspect(file: Path, config: EngineConfig, spec_n_max: int | None, rollback: 
         if err is not None:
             raise err
         return
-    if as_json:
+    if fit_print:  # llama.cpp's --fit-print: the one table (or its JSON), nothing else
+        click.echo(json.dumps(report.get("fit")) if as_json else fit_table(report))
+    elif as_json:
         click.echo(json.dumps(report, indent=None))
     else:
         click.echo(_human(report, show_tensors))
@@ -199,6 +221,8 @@ def _human(r: dict[str, Any], show_tensors: bool) -> str:
             where += f" (incl. a copy of token_embd as the tied LM head on " \
                      f"{p['output_copy_device']})"
         rows.append(("placement", f"{Path(p['file']).name}: {desc}\n{where}"))
+    if "fit" in r:
+        rows.append(("fit", r["fit"]["table"]))
     rows.append(("memory", (f"ctx {mem['n_ctx']} x {mem['n_parallel']} seq; per seq: KV "
                            f"{fmt_bytes(mem['kv_per_seq'])} ({mem['type_k']}/{mem['type_v']}), "
                            f"MTP KV {fmt_bytes(mem['mtp_kv_per_seq'])}, recurrent state "

@@ -26,6 +26,7 @@ from pyggspec.cli.common import (
     engine_from_config,
     fmt_bytes,
     placement_options,
+    print_fit,
     sampling_options,
     spec_options,
 )
@@ -168,7 +169,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         prompt_file: Path | None, prompt_tokens: str | None, chat: bool,
         system_prompt: str | None, n_predict: int, rpc: str | None, ignore_eos: bool,
         grammar: str | None, grammar_file: Path | None, json_schema: str | None,
-        json_schema_file: Path | None, as_json: bool) -> None:
+        json_schema_file: Path | None, as_json: bool, fit_print: bool = False) -> None:
     """Generate text from MODEL, optionally with MTP speculative decoding.
 
     Sampling follows llama.cpp's flags and defaults (--temp 0.8 ...; --temp 0 is greedy).
@@ -194,6 +195,9 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
                        "constructed MTP agreement ~95%): the text is meaningless; plain "
                        "decoding is timed beside speculation afterwards.", err=True)
     add_rpc_servers(rpc)
+    if fit_print:  # -fitp: the fit's table, then exit (llama.cpp's llama-fit-params)
+        print_fit(model, config)
+        return
     if as_json:
         config = config.replace(progress=False)
     n_parallel = config.n_parallel

@@ -34,6 +34,7 @@ from pyggspec.cli.common import (
     engine_config,
     engine_from_config,
     placement_options,
+    print_fit,
     sampling_options,
     spec_options,
 )
@@ -286,7 +287,8 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
           chat_template_kwargs: str | None = None, skip_chat_parsing: bool = False,
           tags: str | None = None, kv_unified: bool | None = None,
           endpoint_slots: bool = True, endpoint_metrics: bool = False,
-          prefill_assistant: bool = True, verbose: bool = False) -> None:
+          prefill_assistant: bool = True, verbose: bool = False,
+          fit_print: bool = False) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
 
@@ -324,6 +326,9 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
     if vertex is not None:
         port = vertex.port
     add_rpc_servers(rpc)
+    if fit_print:  # -fitp: the fit's table for the slots' context, then exit
+        print_fit(model, config)
+        return
     engine = engine_from_config(model, config)
     with engine:
         name = (aliases[0] if aliases else

@@ -30,6 +30,7 @@ from pyggspec.memory.fit import (
     fit,
     format_table,
     margins,
+    place,
 )
 from pyggspec.memory.plan import (
     coupled_drafts,
@@ -42,6 +43,7 @@ from pyggspec.memory.plan import (
 )
 
 ROUNDS = 3  # full-plan checks before giving up (each adds what the shortcut missed)
+REFINE = 2  # steps back towards the devices tried when the full plan leaves room
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def fit_config(model: Any, cfg: EngineConfig, devices: Sequence[str], *,
     offload = select_offload_devices(devices, device)
     hp = model.trunk.hparams
     ngl_free, moe_free, ctx_free = free_parts(cfg)
+    moe_free = moe_free and hp.is_moe
     ngl = None if ngl_free else resolve_n_gpu_layers(cfg.n_gpu_layers, hp.n_layer_all)
     if not offload or ngl == 0 or not (ngl_free or moe_free or ctx_free):
         return None
@@ -154,12 +157,40 @@ def fit_config(model: Any, cfg: EngineConfig, devices: Sequence[str], *,
                 for d in fit_devices
                 if result.used.get(d.name) and by_device.get(d.name, 0) > d.budget}
         if not over:
-            return Fitted(fitted, result, by_device, hp.n_layer)
+            best = Fitted(fitted, result, by_device, hp.n_layer)
+            return _refine(best, model, cfg, devices, device, include_mtp, needs_at,
+                           fit_devices, (ngl_free, moe_free, ctx_free))
         for d, n in over.items():  # what the planner's shortcut missed, priced in again
             extra[d] = extra.get(d, 0) + max(n, 1 << 20)
     worst = max(over, key=lambda d: over[d])
     raise FitError("--fit", f"{worst}: the full memory plan stays over the budget after "
                    f"{ROUNDS} fits; set -ngl / -c by hand or --fit off")
+
+
+def _refine(best: Fitted, model: Any, cfg: EngineConfig, devices: Sequence[str],
+            device: str | None, include_mtp: bool, needs_at: Any,
+            fit_devices: Sequence[FitDevice], free: tuple[bool, bool, bool]) -> Fitted:
+    """Where the full plan leaves room (the planner prices compute buffers at the all-on-
+    device placement, which moved weights shrink), give back one block's experts or one
+    layer at a time while the full plan still fits."""
+    ngl_free, moe_free, _ = free
+    n_all = model.trunk.hparams.n_layer_all
+    for _ in range(REFINE):
+        r = best.result
+        if moe_free and r.n_cpu_moe > max(0, n_all + 1 - r.n_gpu_layers):
+            ngl, moe = r.n_gpu_layers, r.n_cpu_moe - 1
+        elif ngl_free and "-ngl" in r.changed and r.n_gpu_layers <= n_all:
+            ngl, moe = r.n_gpu_layers + 1, r.n_cpu_moe
+        else:
+            break
+        cand = place(needs_at(r.n_ctx), fit_devices, ngl, moe, r.n_ctx, r.changed)
+        fitted = _apply(cfg, cand, *free)
+        by_device = predict_by_device(model, fitted, devices, device, include_mtp)
+        if any(by_device.get(d.name, 0) > d.budget for d in fit_devices
+               if by_device.get(d.name)):
+            break
+        best = Fitted(fitted, cand, by_device, best.n_trunk)
+    return best
 
 
 def _apply(cfg: EngineConfig, r: FitResult, ngl_free: bool, moe_free: bool,

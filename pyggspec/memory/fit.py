@@ -113,6 +113,15 @@ def device_use(needs: FitNeeds, offload: Sequence[str], n_gpu_layers: int,
     return used, blocks, out_dev
 
 
+def place(needs: FitNeeds, devices: Sequence[FitDevice], n_gpu_layers: int, n_cpu_moe: int,
+          n_ctx: int, changed: tuple[str, ...] = ()) -> FitResult:
+    """The :class:`FitResult` of one candidate (``needs`` priced at ``n_ctx``)."""
+    used, blocks, out_dev = device_use(needs, [d.name for d in devices], n_gpu_layers,
+                                       n_cpu_moe)
+    return FitResult(n_gpu_layers, n_cpu_moe, n_ctx, blocks, out_dev, used, tuple(devices),
+                     changed)
+
+
 def fit(needs_at: Callable[[int], FitNeeds], devices: Sequence[FitDevice],
         req: FitRequest) -> FitResult:
     """The settings that fit (see the module docstring); ``needs_at(n_ctx)`` prices the parts
@@ -137,9 +146,7 @@ def fit(needs_at: Callable[[int], FitNeeds], devices: Sequence[FitDevice],
         return max(worst, key=lambda w: w[1]) if worst else None
 
     def done(n_ctx: int, n_gpu: int, n_moe: int) -> FitResult:
-        used, blocks, out_dev = device_use(needs(n_ctx), offload, n_gpu, n_moe)
-        return FitResult(n_gpu, n_moe, n_ctx, blocks, out_dev, used, tuple(devices),
-                         tuple(changed))
+        return place(needs(n_ctx), devices, n_gpu, n_moe, n_ctx, tuple(changed))
 
     def least_moe(n_ctx: int, n_gpu: int) -> int | None:
         """The fewest blocks' experts on the CPU that fit (monotone: binary search)."""
@@ -200,14 +207,14 @@ def fit(needs_at: Callable[[int], FitNeeds], devices: Sequence[FitDevice],
     fixed = []
     if req.n_gpu_layers is not None:
         fixed.append(f"-ngl {req.n_gpu_layers}")
-    if not req.ctx_free:
-        fixed.append(f"-c {req.n_ctx}")
     if not moe_free and req.n_moe_blocks:
         fixed.append("-ot/-cmoe/-ncmoe")
+    if not req.ctx_free:
+        fixed.append(f"-c {req.n_ctx} (only -c 0 is cut)")
     d = next(x for x in devices if x.name == dev)
     raise FitError("--fit", f"{dev} lacks {_mib(short)} MiB ({_mib(d.free)} MiB free, "
-                   f"{_mib(d.margin)} MiB kept free by -fitt) with {', '.join(fixed) or 'this'}"
-                   " as set; lower those, raise -fitt's budget, or --fit off")
+                   f"-fitt keeps {_mib(d.margin)} MiB) with {', '.join(fixed)}; lower those "
+                   "or -fitt, or --fit off")
 
 
 def parse_fit_target(value: str | Sequence[int] | int) -> tuple[int, ...]:
@@ -273,4 +280,5 @@ def _mib(n: int) -> str:
 
 
 __all__ = ["CTX_ALIGN", "FitDevice", "FitError", "FitNeeds", "FitRequest", "FitResult",
-           "block_ranges", "device_use", "fit", "format_table", "margins", "parse_fit_target"]
+           "block_ranges", "device_use", "fit", "format_table", "margins", "parse_fit_target",
+           "place"]
