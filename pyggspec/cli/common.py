@@ -80,7 +80,8 @@ N_THREADS = Opt("-t", "--threads", "n_threads", type=click.IntRange(min=1), defa
                 envvar="LLAMA_ARG_THREADS",  # llama.cpp's variable for -t (arg.cpp)
                 help="CPU threads (default: $LLAMA_ARG_THREADS, else cores, at most 8).")
 NGL = Opt("-ngl", "--gpu-layers", "--n-gpu-layers", "ngl", metavar="N|all|auto", default=None,
-          help="Layers on the offload device (default: all, when one exists).")
+          help="Layers on the offload device (default: as many as --fit finds room for, "
+               "all when they fit; 'all' with --fit off).")
 DEVICE = Opt("-dev", "--device", "device", metavar="NAME", default=None,
              help="Offload device (see `pyggspec devices`).")
 OVERRIDES = Opt("-ot", "--override-tensor", "overrides", multiple=True, metavar="REGEX=DEVICE")
