@@ -132,3 +132,9 @@ def test_engine_starts_inside_the_fitted_budget(rpc_device, moe):
         assert len(e.config.override_tensor) == fitted.result.n_cpu_moe
         assert e.memory()["by_device"][dev] <= fitted.by_device[dev] <= budget
         assert len(e.generate([1, 2, 3], max_tokens=4, ignore_eos=True).tokens) == 4
+
+
+def test_run_fit_print_needs_no_prompt(rpc_device, moe):
+    r = CliRunner().invoke(main, ["run", "-m", str(moe), "-dev", rpc_device.name, "-fitp"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("fit: -ngl ") and "fits as given" in r.stdout.splitlines()[0]

@@ -141,8 +141,9 @@ FIT_TARGET = Opt("-fitt", "--fit-target", "fit_target", metavar="MiB[,MiB...]", 
 FIT_CTX = Opt("-fitc", "--fit-ctx", "fit_ctx", type=click.IntRange(min=1), default=4096,
               show_default=True, envvar="LLAMA_ARG_FIT_CTX",
               help="Least context --fit cuts -c 0 (the training context) to.")
-FIT_PRINT = Opt("-fitp", "--fit-print", "fit_print", metavar="[on|off]", is_flag=False,
-                flag_value="on", default="off", callback=_on_off_cb,
+# a switch (llama.cpp's llama-fit-params takes -fitp on|off; llama-server and llama-cli
+# have no -fitp): an optional value would swallow inspect's FILE after it
+FIT_PRINT = Opt("-fitp", "--fit-print", "fit_print", is_flag=True,
                 help="Print the placement and predicted memory per device (one table) and "
                      "exit.")
 FIT_OPTIONS = (FIT, FIT_TARGET, FIT_CTX, FIT_PRINT)

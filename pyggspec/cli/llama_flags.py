@@ -150,7 +150,7 @@ TABLE = f"""
 -ngl --gpu-layers --n-gpu-layers :: 1 sr H
 -sm --split-mode :: 1 sr N=layer :: layers are split across -dev devices, llama.cpp's layer mode
 -ts --tensor-split -mg --main-gpu :: 1 sr R :: use -dev and -ot to place layers
--fit --fit -fitt --fit-target -fitc --fit-ctx -fitp --fit-print :: 1 sr H
+-fit --fit -fitt --fit-target -fitc --fit-ctx :: 1 sr H
 --check-tensors :: 0 sr N :: tensor layouts and sizes are always checked on load
 --override-kv :: 1 sr R :: GGUF metadata is used as stored
 --op-offload --no-op-offload :: 0 sr N :: ggml's scheduler decides where host-weight ops run

@@ -174,6 +174,10 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
 
     Sampling follows llama.cpp's flags and defaults (--temp 0.8 ...; --temp 0 is greedy).
     """
+    if fit_print:  # -fitp: the fit's table, then exit (no prompt needed)
+        add_rpc_servers(rpc)
+        print_fit(model, config)
+        return
     constraint = _grammar_option(grammar, grammar_file, json_schema, json_schema_file)
     ids = _parse_prompt_tokens(prompt_tokens)
     texts = list(prompts)
@@ -195,9 +199,6 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
                        "constructed MTP agreement ~95%): the text is meaningless; plain "
                        "decoding is timed beside speculation afterwards.", err=True)
     add_rpc_servers(rpc)
-    if fit_print:  # -fitp: the fit's table, then exit (llama.cpp's llama-fit-params)
-        print_fit(model, config)
-        return
     if as_json:
         config = config.replace(progress=False)
     n_parallel = config.n_parallel

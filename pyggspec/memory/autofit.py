@@ -183,7 +183,9 @@ def _refine(best: Fitted, model: Any, cfg: EngineConfig, devices: Sequence[str],
             ngl, moe = r.n_gpu_layers + 1, r.n_cpu_moe
         else:
             break
-        cand = place(needs_at(r.n_ctx), fit_devices, ngl, moe, r.n_ctx, r.changed)
+        changed = tuple(c for c in r.changed if not (c == "-ncmoe" and moe == 0
+                                                      or c == "-ngl" and ngl > n_all))
+        cand = place(needs_at(r.n_ctx), fit_devices, ngl, moe, r.n_ctx, changed)
         fitted = _apply(cfg, cand, *free)
         by_device = predict_by_device(model, fitted, devices, device, include_mtp)
         if any(by_device.get(d.name, 0) > d.budget for d in fit_devices

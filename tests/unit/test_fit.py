@@ -178,3 +178,44 @@ def test_table_and_ranges() -> None:
                      "fit: -ngl 4")
     lines = t.splitlines()
     assert lines[0] == "fit: -ngl 4" and lines[1].startswith("device") and "2-3, mtp" in lines[2]
+
+
+def test_flags_flow_into_the_config() -> None:
+    from pyggspec.config import ConfigError, EngineConfig
+    from pyggspec.errors import PyggspecError
+
+    cfg = EngineConfig()
+    assert (cfg.fit, cfg.fit_target, cfg.fit_ctx) == (True, (1024,), 4096)
+    assert EngineConfig(fit_target=512).fit_target == (512,)
+    for bad in ({"fit_target": (-1,)}, {"fit_target": ()}, {"fit_ctx": 0}):
+        with pytest.raises(ConfigError):
+            EngineConfig(**bad)
+    for bad in ("", "x", "1,-2"):
+        with pytest.raises(PyggspecError):
+            parse_fit_target(bad)
+    with pytest.raises(PyggspecError):
+        margins((1, 2, 3), 2)
+
+
+def test_cli_fit_options() -> None:
+    import click
+    from click.testing import CliRunner
+
+    from pyggspec.cli.common import FIT_OPTIONS, config_from_options
+
+    seen = {}
+
+    @click.command()
+    def cmd(**kw):
+        seen["print"] = kw.pop("fit_print")
+        seen["cfg"] = config_from_options(kw)
+
+    for opt in reversed(FIT_OPTIONS):
+        cmd = opt()(cmd)
+    r = CliRunner().invoke(cmd, ["--fit", "off", "-fitt", "256,512", "-fitc", "8192", "-fitp"])
+    assert r.exit_code == 0, r.output
+    cfg = seen["cfg"]
+    assert (cfg.fit, cfg.fit_target, cfg.fit_ctx, seen["print"]) == (False, (256, 512), 8192,
+                                                                     True)
+    assert CliRunner().invoke(cmd, ["-fit", "maybe"]).exit_code == 2
+    assert CliRunner().invoke(cmd, ["-fitt", "a"]).exit_code == 2
