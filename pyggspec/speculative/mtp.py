@@ -1,39 +1,15 @@
 """The MTP drafter: keeps each slot's MTP cache in step with the target, and drafts.
 
-For every committed position q the head's KV cache holds the pair (x_q, h_{q-1}), with
-h the target's post-norm hidden row (zeros before the first token). After a verify step
-the new pairs -- the accepted drafts and the new pending token, each with the target's
-hidden row of the position before -- go through the head in **one** batch whose last row
-yields the first draft; further drafts are one row per sequence per step, paired with the
-head's own hidden row (DESIGN §3, §8). Argmax drafts (no sampler chain draws them, p_min 0)
-are all made in that one graph (``MtpBatch.chain``): one graph run per step, not one per draft.
+The head's KV cache holds, for every committed position q, the pair (x_q, h_{q-1}) (h: the
+target's post-norm hidden row). After a verify step the new pairs go through the head in
+one batch whose last row yields the first draft; argmax drafts (no sampler chain draws
+them, p_min 0) are chained in that same graph, other drafts take one row per sequence per
+step. With sampling, drafts are coupled to the sequence's own chain, or drawn from q for
+p/q rejection; each slot keeps whichever of the coupled draw and the argmax matches the
+target more often (:class:`DraftChoice`). Why each part is there: docs/speculation.md.
 
-Coupled drafting (``coupled=True``, sequences whose chain samples): draft j of a sequence is
-drawn from the head's logits by that sequence's own sampler chain at prefix = the drafts
-before it -- the same stages, penalty window and noise counter the target's verify row j
-will use -- so it equals the target's token whenever both put the noisy argmax on the same
-id. Drafts are only guesses: how they are made never changes the output. The chains run in
-the MTP graph (in-graph noise) when the batch's drafting rows share one chain structure and
-``p_min`` is 0; otherwise the logits come back and the chains finish on the host (then
-``p_min`` compares the draft chain's probability of the drafted token; an argmax draft, see
-below, compares the head's softmax as greedy drafts do). With ``--spec-draft-vocab`` the
-head's logits are padded to the full vocabulary (the noise is keyed by its width). A draft
-that is a stop token is kept as the last draft (the target may sample it too).
-
-Coupling pays when the head's distribution resembles the target's. A head that is much
-flatter than the target (an uncalibrated head, or a low temperature) turns coupled draws into
-noise while its argmax still matches the target's likely token. So each sequence keeps two
-running match rates of its first draft -- the coupled draw and the argmax, both computed
-every step -- against the target's token at that position, and drafts with whichever matches
-more often (:class:`DraftChoice`; ties, e.g. before the first observation, favour the
-argmax: a slot switches to coupled draws after one step in which only the coupled draw
-matched). Either way the output is plain sampling.
-
-The MTP carry-over lives here, per slot, in one shape (:class:`Carry`): the pairs the
-slot's MTP cache still owes. Through the drafter interface (speculative/drafter.py) the
-worker hands it what a step committed (:meth:`MtpDrafter.committed`), prompt chunks
-(:meth:`MtpDrafter.prompt`) and slot changes (:meth:`MtpDrafter.forget`, ``restore``); prompt checkpoints keep a copy of
-the carry, so a slot resumed from one drafts from the right pairs.
+The carry-over (:class:`Carry`: the pairs a slot's cache still owes) lives here, per slot;
+prompt checkpoints and slot files keep a copy, so a resumed slot drafts from the right pairs.
 """
 
 from __future__ import annotations
@@ -58,24 +34,18 @@ from pyggspec.speculative.rejection import draw_draft, prob_of
 log = logging.getLogger("pyggspec.speculative")
 
 
-# Pairs a slot may owe the MTP cache while it does not draft (the draft-length rule gives
-# it 0, or another kind drafts it). Each write is a cache-only MTP run with a mostly fixed
-# cost (graph launch, one layer's weights): written every n_max + 1 tokens they cost a
-# declining engine ~3% of plain decoding on the 0.8B bench model; 256 at a time, under 1%.
+# Pairs a slot may owe the MTP cache while it does not draft: each write is a cache-only
+# head run of mostly fixed cost (every n_max + 1 tokens ~3% of plain decoding on the 0.8B
+# bench model; 256 at a time, under 1%)
 OWED_PAIRS_MAX = 256
 
 
 class Carry:
-    """The pairs one slot's MTP cache still owes: ``tokens[j]`` (committed by the target
-    at position ``pos0 + j``) paired with ``hidden[j]`` = the target's hidden row of the
-    position before it. ``hidden`` has one row more than ``tokens``: the last committed
-    position's row, which pairs with the next token -- except right after a draft wrote
-    the pending token's pair, when both are empty. The MTP cache holds pairs ``0..pos0-1``.
-
-    Immutable in what it holds (checkpoints keep carries). The rows are kept in the pieces
-    they came in and joined once, when first read: joined at every step, a carry of 256
-    owed pairs copied ~0.3 ms a step (n_embd 1024), about 1% of a decode step.
-    """
+    """The pairs one slot's MTP cache still owes: ``tokens[j]`` (at ``pos0 + j``) with
+    ``hidden[j]``, the target's row of the position before; ``hidden`` has one more row
+    (it pairs with the next token), or none right after a draft wrote the pending pair.
+    Immutable (checkpoints keep carries); rows are joined once, when first read (joined
+    every step, 256 owed pairs copied ~0.3 ms a step)."""
 
     __slots__ = ("_joined", "_parts", "pos0", "tokens")
 
@@ -111,10 +81,8 @@ class Carry:
 
 @dataclass
 class DraftRequest:
-    """New pairs for one sequence: ``tokens[k]`` at ``pos0 + k`` paired with ``hidden[k]``.
-
-    The last token is the pending (sampled, not yet verified) token; drafting starts there.
-    """
+    """New pairs for one sequence: ``tokens[k]`` at ``pos0 + k`` with ``hidden[k]``; the
+    last token is the pending one, where drafting starts."""
 
     slot: int
     pos0: int
@@ -340,85 +308,68 @@ class MtpDrafter:
         for b, r in enumerate(reqs):
             n = len(r.tokens)
             tokens[b, :n] = r.tokens
+            tokens[b, n:] = r.tokens[-1]  # padding rows: after the real ones, never seen
             hidden[b, :n] = r.hidden
-            if n < T:  # padding rows sit after the real ones; the mask keeps them unseen
-                tokens[b, n:] = r.tokens[-1]
-        drafting = [b for b, r in enumerate(reqs) if r.n_max > 0]
-        if drafting:
-            outputs = np.array([b * T + len(reqs[b].tokens) - 1 for b in drafting], np.int32)
-        else:  # only bringing caches up to date: a cache-only graph (no FFN, no LM head)
-            outputs = np.zeros(0, np.int32)
-        pos0 = np.array([r.pos0 for r in reqs], np.int64)
-        slots = tuple(r.slot for r in reqs)
+        live = [b for b, r in enumerate(reqs) if r.n_max > 0]  # requests still drafting
+        # (none: only bringing caches up to date, a cache-only graph: no FFN, no LM head)
+        outputs = np.array([b * T + len(reqs[b].tokens) - 1 for b in live], np.int32)
         sampled = {r.slot: self._sampled(chains, r.slot) for r in reqs}
         choice = {r.slot: self._choice(r.slot, sampled[r.slot]) for r in reqs}
         prob = {r.slot: c for r in reqs if (c := self._prob_chain(chains, r.slot)) is not None}
         hot = self.hot is not None and self.hot.active
-        mb = MtpBatch(tokens, hidden, pos0, slots, outputs, hot=hot)
-        mb.logits = bool(prob) and bool(drafting)  # q is computed from the head's logits
-        if (drafting and not prob and self.p_min == 0
-                and all(sampled[reqs[b].slot] is None for b in drafting)):
+        mb = MtpBatch(tokens, hidden, np.array([r.pos0 for r in reqs], np.int64),
+                      tuple(r.slot for r in reqs), outputs, hot=hot)
+        mb.logits = bool(prob) and bool(live)  # q is computed from the head's logits
+        if live and not prob and self.p_min == 0 and all(sampled[reqs[b].slot] is None
+                                                         for b in live):
             # argmax drafts: all in one graph (a p_min cut would leave passes computed for
             # nothing, so those go step by step)
-            mb.chain = max(reqs[b].n_max for b in drafting)
-        res = (self._run(mb, [(sampled[reqs[b].slot], ()) for b in drafting]) if drafting
-               else self.mtp.run(mb))
+            mb.chain = max(reqs[b].n_max for b in live)
+        res = self._run(mb, [(sampled[reqs[b].slot], ()) for b in live]) if live \
+            else self.mtp.run(mb)
         ends = {r.slot: r.pos0 + len(r.tokens) for r in reqs}
-
-        # 2. autoregressive drafting: one row per still-drafting sequence
-        live = [(b, i) for i, b in enumerate(drafting)]  # (request, result row)
         if res.chain_ids is not None:  # every draft came from the one graph
-            self._chained(res, [reqs[b] for b in drafting], out)
+            self._chained(res, [reqs[b] for b in live], out)
             live = []
-        ids, probs, h = res.ids, res.probs, res.hidden
-        if res.sampled and drafting:
-            for b, row in live:  # the slot's better-matching rule picks its drafts
-                c = choice[reqs[b].slot]
-                if c is not None:
-                    out[reqs[b].slot].first = (int(res.ids[row]), int(res.argmax[row]))
-            ids, probs = self._pick(res, [choice[reqs[b].slot] for b, _ in live])
-        qrow: dict[int, object] = {}
-        if prob and drafting:
-            ids, probs = self._q_draws(res, [(reqs[b].slot, ()) for b, _ in live], prob, qrow)
+        if res.sampled:  # the first draws, which teach each slot's choice (accepted)
+            for i, b in enumerate(live):
+                if choice[reqs[b].slot] is not None:
+                    out[reqs[b].slot].first = (int(res.ids[i]), int(res.argmax[i]))
+        # 2. autoregressive drafting: one row per still-drafting sequence (row i: live[i])
         step = 0
         while live:
+            ch = [choice[reqs[b].slot] for b in live]
+            ids, probs = self._pick(res, ch) if res.sampled else (res.ids, res.probs)
+            qrow: dict[int, object] = {}
+            if prob:
+                ids, probs = self._q_draws(res, [(reqs[b].slot, tuple(out[reqs[b].slot].tokens))
+                                                 for b in live], prob, qrow)
             nxt = []
-            for b, row in live:
-                r = reqs[b]
-                d = out[r.slot]
-                if self.p_min > 0 and probs[row] < self.p_min:
+            for i, b in enumerate(live):
+                r, d = reqs[b], out[reqs[b].slot]
+                if self.p_min > 0 and probs[i] < self.p_min:
                     continue
-                tok = int(ids[row])
+                tok = int(ids[i])
                 d.tokens.append(tok)
-                d.probs.append(float(probs[row]))
-                if row in qrow:
-                    d.q.append(qrow[row])
-                if (len(d.tokens) < r.n_max
-                        and not (r.is_stop is not None and r.is_stop(tok))):
-                    nxt.append((b, row))
+                d.probs.append(float(probs[i]))
+                if i in qrow:
+                    d.q.append(qrow[i])
+                if len(d.tokens) < r.n_max and not (r.is_stop is not None and r.is_stop(tok)):
+                    nxt.append((b, i))
             if not nxt:
                 break
             step += 1
-            tok = np.array([[out[reqs[b].slot].tokens[-1]] for b, _ in nxt], np.int32)
-            hid = h[[row for _, row in nxt]][:, None, :]
-            p0 = np.array([ends[reqs[b].slot] + step - 1 for b, _ in nxt], np.int64)
-            mb = MtpBatch(tok, hid, p0, tuple(reqs[b].slot for b, _ in nxt),
-                          np.arange(len(nxt), dtype=np.int32), hot=hot)
-            rows = [(sampled[reqs[b].slot], tuple(out[reqs[b].slot].tokens)) for b, _ in nxt]
-            ch = [choice[reqs[b].slot] for b, _ in nxt]
-            # a sequence drafting by argmax needs no draws
-            rows = [(r[0] if c is None or c.use_coupled else None, r[1]) for r, c in zip(rows, ch)]
+            live = [b for b, _ in nxt]
+            mb = MtpBatch(np.array([[out[reqs[b].slot].tokens[-1]] for b in live], np.int32),
+                          res.hidden[[i for _, i in nxt]][:, None, :],
+                          np.array([ends[reqs[b].slot] + step - 1 for b in live], np.int64),
+                          tuple(reqs[b].slot for b in live),
+                          np.arange(len(live), dtype=np.int32), hot=hot)
             mb.logits = bool(prob)
-            res = self._run(mb, rows)
-            ids, probs, h = res.ids, res.probs, res.hidden
-            if res.sampled:
-                ids, probs = self._pick(res, ch)
-            qrow = {}
-            if prob:
-                ids, probs = self._q_draws(
-                    res, [(reqs[b].slot, tuple(out[reqs[b].slot].tokens)) for b, _ in nxt],
-                    prob, qrow)
-            live = [(b, i) for i, (b, _) in enumerate(nxt)]
+            # a sequence drafting by argmax needs no draws
+            res = self._run(mb, [(sampled[reqs[b].slot] if c is None or c.use_coupled else None,
+                                  tuple(out[reqs[b].slot].tokens))
+                                 for b, c in zip(live, (choice[reqs[b].slot] for b in live))])
         # draft-time entries past the committed pairs are not committed
         for r in reqs:
             self.memory.commit_mtp(r.slot, ends[r.slot])
