@@ -12,17 +12,17 @@ never change the output (speculative/verify.py). llama.cpp's ``common_speculativ
     forget(slot) / state / restore the slot's own state (checkpoints, slot copies)
     counters()                     its own counts, for ``--json`` and ``/metrics``
 
-A new kind is one module with a class of these methods, a line in :data:`KINDS` and a
-branch in ``assemble._make_drafters`` (speculative/ngram_simple.py is the worked example). :class:`Drafters` runs several kinds as
-llama.cpp's ``--spec-type a,b`` does: in a fixed order of preference, the first kind that
-proposes a draft for a sequence wins that sequence's step.
+A new kind is one module with a :class:`Drafter` subclass, a line in :data:`KINDS` and a
+branch in ``assemble._make_drafters`` (speculative/ngram_simple.py is the worked example).
+:class:`Drafters` runs several kinds as llama.cpp's ``--spec-type a,b`` does: in a fixed
+order of preference, the first kind that proposes a draft for a sequence wins its step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -51,59 +51,41 @@ class Draft:
     kind: str = ""  # the drafter that made it
 
 
-class Drafter(Protocol):
-    """One kind of drafter (see the module docstring)."""
+class Drafter:
+    """One kind of drafter (see the module docstring). The defaults suit a kind that keeps
+    nothing per slot beyond what it can rebuild from the history: subclass it and write
+    ``draft`` (and ``accepted`` if it learns from outcomes)."""
 
-    name: str
-    needs_hidden: bool  # the target's hidden rows must come back with committed tokens
-
-    def begin(self, slot: int, prompt: Sequence[int]) -> None: ...
-
-    def prompt(self, parts: list[tuple[int, int, list[int], np.ndarray]]) -> None: ...
-
-    def draft(self, items: list[DraftItem], history: Callable[[int], Sequence[int]],
-              chains: Mapping | None = None) -> dict[int, Draft]: ...
-
-    def accepted(self, slot: int, draft: Draft, n: int, emitted: Sequence[int]) -> None: ...
-
-    def committed(self, slot: int, tokens: list[int], hidden: np.ndarray | None) -> None: ...
-
-    def forget(self, slot: int) -> None: ...
-
-    def state(self, slot: int) -> Any: ...
-
-    def restore(self, slot: int, state: Any) -> None: ...
-
-    def counters(self) -> dict: ...
-
-
-class Stateless:
-    """The calls a kind that keeps nothing per slot (beyond what it can rebuild from the
-    history) answers with nothing: mix it in and write ``draft`` (and, if it learns from
-    outcomes, ``accepted``)."""
-
-    needs_hidden = False
+    name: str = ""
+    needs_hidden = False  # the target's hidden rows must come back with committed tokens
 
     def begin(self, slot: int, prompt: Sequence[int]) -> None:
-        pass
+        """A new request in ``slot``."""
 
-    def prompt(self, parts: list) -> None:
-        pass
+    def prompt(self, parts: list[tuple[int, int, list[int], np.ndarray]]) -> None:
+        """Prompt chunks (slot, first position, tokens, the target's hidden rows)."""
+
+    def draft(self, items: list[DraftItem], history: Callable[[int], Sequence[int]],
+              chains: Mapping | None = None) -> dict[int, Draft]:
+        raise NotImplementedError
 
     def accepted(self, slot: int, draft: Draft, n: int, emitted: Sequence[int]) -> None:
-        pass
+        """The target accepted ``n`` of this kind's ``draft`` and emitted ``emitted``."""
 
     def committed(self, slot: int, tokens: list[int], hidden: np.ndarray | None) -> None:
-        pass
+        """Tokens the target committed in ``slot`` (with their hidden rows if needed)."""
 
     def forget(self, slot: int) -> None:
-        pass
+        """The slot's history is gone (cleared, or replaced)."""
 
-    def state(self, slot: int) -> tuple:
-        return ()  # (None would mean "unknown")
+    def state(self, slot: int) -> Any:
+        return ()  # what a checkpoint keeps (None would mean "unknown")
 
     def restore(self, slot: int, state: Any) -> None:
-        pass
+        """A checkpoint's ``state`` comes back."""
+
+    def counters(self) -> dict:
+        return {}
 
 
 class Drafters:

@@ -1,18 +1,11 @@
 """The draft head's hot vocabulary: which token ids a draft is scored over.
 
-Why: on a CPU a draft step is mostly the LM head (248k rows x n_embd on Qwen3.5: ~40% of a
-whole target step on a 0.8B model), and a draft is only a guess the target verifies, so
-scoring it over the few tens of thousands of ids text actually uses loses no correctness,
-only the drafts whose right token lies outside the set (FR-Spec, Zhao et al. 2025, ranks
-the set by corpus frequency). Here the set is learnt from what this engine sees (prompt and
-emitted tokens), seeded with the lowest ids (BPE merges come roughly in frequency order).
-Measured with Qwen3.5's own tokenizer (docs/benchmarks.md, row 39): learnt this way,
-32k ids hold 98.2-98.5% of English and Python tokens as they come; the first 32k ids alone
-94.5-95.6%; on Chinese / Japanese / Korean text far less (39-62%). So the set is used only
-while it holds the emitted text (``coverage`` >= ``min_coverage``); below, drafts use the
-whole head again.
-
-Pure state (numpy); :class:`pyggspec.models.mtp.Mtp` owns the device copy of the chosen rows.
+A draft step is mostly the LM head (248k rows on Qwen3.5) and a draft is only a guess, so
+scoring it over the ids text actually uses loses only drafts whose token lies outside (as
+FR-Spec, Zhao et al. 2025). The set is learnt from the prompts and outputs this engine sees,
+seeded with the lowest ids, and used only while it holds the emitted text (measured
+coverage: docs/speculation.md, "Cheap drafts"). Pure state (numpy);
+:class:`pyggspec.models.mtp.Mtp` owns the device copy of the chosen rows.
 """
 
 from __future__ import annotations

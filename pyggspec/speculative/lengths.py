@@ -1,22 +1,13 @@
 """The draft-length rule: each step, the draft length that yields the most tokens per cost.
 
-A step that drafts ``k`` tokens yields ``1 + S_0 + ... + S_{k-1}`` tokens per sequence,
-where ``S_i`` is the survival of draft position ``i`` (the share of verified drafts whose
-first ``i + 1`` tokens were all accepted), and costs ``r(B, k)`` plain steps of the same
-batch size ``B``. The rule takes the ``k`` in ``0 .. cap`` that maximises their ratio
-(:func:`best_length`, pure). Both halves are measured, nothing is assumed:
-
-* survival per drafter kind, a running mean over its recent verified drafts;
-* cost per (batch size, kind, k) as the median wall time of its recent steps, divided by
-  the median of plain steps at that batch size. A length not in use is tried again after
-  a wait that keeps the time lost to such tries at :data:`EXPLORE_SHARE` (a clear loser
-  waits long, a close one is tried often), so every median stays recent and machine drift
-  moves both sides of a ratio.
-
-At a large batch, where verifying costs several plain steps, the ratio falls under 1 and
-the rule declines (``k = 0``): it is batch-aware by construction. Untried lengths cost a
-plain step and survive fully until measured (a prior worth one draft): each is tried once,
-early.
+A step drafting ``k`` tokens yields ``1 + S_0 + ... + S_{k-1}`` tokens per sequence (``S_i``:
+the share of verified drafts whose first ``i + 1`` tokens were accepted, a running mean per
+drafter kind) and costs ``r(B, k)`` plain steps of batch size ``B`` (medians of recent step
+times). The rule takes the ``k`` in ``0 .. cap`` maximising their ratio (:func:`best_length`,
+pure), so at a large batch, where a verify costs several plain steps, it declines. A length
+not in use is tried again after a wait that keeps the time such tries lose at
+:data:`EXPLORE_SHARE`, so every median stays recent; an untried length costs a plain step
+and survives fully (each is tried once, early). docs/speculation.md explains it further.
 """
 
 from __future__ import annotations

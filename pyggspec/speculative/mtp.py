@@ -27,7 +27,7 @@ from pyggspec.models.mtp import Mtp, MtpBatch, MtpResult, argmax_probability
 from pyggspec.sampling.chain import RowInput, SamplerChain
 from pyggspec.sampling.host import chain_probability, sample_host
 from pyggspec.sampling.plan import plan_chain
-from pyggspec.speculative.drafter import Draft, DraftItem
+from pyggspec.speculative.drafter import Draft, Drafter, DraftItem
 from pyggspec.speculative.hot_vocab import HotVocab
 from pyggspec.speculative.rejection import draw_draft, prob_of
 
@@ -114,7 +114,7 @@ class DraftChoice:
         self.argmax = d * self.argmax + (1 - d) * (argmax == target)
 
 
-class MtpDrafter:
+class MtpDrafter(Drafter):
     """Drafts with the MTP head: the argmax (in the graph where supported), or, for
     sampling chains with ``coupled``, the chain's own draw (see the module docstring)."""
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from pyggspec.speculative.drafter import Draft, DraftItem, Stateless
+from pyggspec.speculative.drafter import Draft, Drafter, DraftItem
 
 TABLE_MAX = 4 * 1024 * 1024 // 4  # llama.cpp's 4M entries at its 0.25 occupancy threshold
 LOW_ACCEPT = 0.25  # a round below this share accepted is a low one
 LOW_ROUNDS = 5  # low rounds in a row that reset the table
 
 
-class NgramMod(Stateless):
+class NgramMod(Drafter):
     """The ngram-mod drafter (see the module docstring)."""
 
     name = "ngram-mod"

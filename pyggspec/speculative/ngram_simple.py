@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from pyggspec.speculative.drafter import Draft, DraftItem, Stateless
+from pyggspec.speculative.drafter import Draft, Drafter, DraftItem
 
 
 def simple_draft(tokens: np.ndarray, pending: int, size_n: int, size_m: int) -> list[int]:
@@ -43,7 +43,7 @@ def simple_draft(tokens: np.ndarray, pending: int, size_n: int, size_m: int) -> 
     return tokens[match + size_n: match + size_n + n].tolist()
 
 
-class NgramSimple(Stateless):
+class NgramSimple(Drafter):
     """The ngram-simple drafter (see the module docstring)."""
 
     name = "ngram-simple"

@@ -1,17 +1,10 @@
 """p/q rejection verification (``--spec-draft-sampling probabilistic``, as llama.cpp b11368+).
 
-Drafts are *sampled* from the head's distribution q -- its top 10 logits at the target's
-temperature -- and the target accepts draft d at row i with probability min(1, p(d)/q(d)),
-p being the target chain's distribution at that row (after its filters and temperature).
-A rejection draws the row's token from the residual max(0, p - q), renormalised; when
-every draft is accepted the next token is the chain's own sample. This preserves the
-target distribution exactly and, for one draft, accepts with probability 1 - TV(p, q), the
-most any verifier can -- but unlike coupled drafts the output is not the token plain
-seeded sampling would give: a seeded run is reproducible, not bit-identical to plain.
-
-Pure functions; the randomness is counter-based (:func:`uniform`): a function of the
-chain's key, the position and a stream, so a seeded run repeats exactly whatever batch it
-ran in, and the draws are independent of the chain's own noise and of each other.
+Drafts are drawn from q (the head's top 10 at the target's temperature); row i accepts
+draft d with probability min(1, p(d)/q(d)), else draws from the residual max(0, p - q).
+The target distribution is kept exactly, but not plain seeded sampling's tokens. Pure
+functions; the randomness is counter-based (:func:`uniform`: chain key, position, stream),
+so a seeded run repeats exactly whatever batch it ran in.
 """
 
 from __future__ import annotations
