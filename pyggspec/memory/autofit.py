@@ -126,9 +126,15 @@ def fit_config(model: Any, cfg: EngineConfig, devices: Sequence[str], *,
     base = cfg.replace(n_gpu_layers=cfg.n_gpu_layers if ngl is not None else "all")
     weights = _layer_weights(model, base, devices, device, include_mtp)
     rollback = planned_rollback(cfg)
-    sized = {c: _compute(model, base.replace(n_ctx=c), devices, device, include_mtp, rollback)
-             for c in sorted({n_max, min(cfg.fit_ctx, n_max)} if ctx_free else {n_max})}
+    price = _Pricer(model, devices, device, include_mtp)
+    low = min(cfg.fit_ctx, n_max)
     extra: dict[str, int] = {}
+
+    def compute_at(n_ctx: int) -> dict[str, int]:
+        """ggml's sizing at the all-on-device placement: at the asked context, and, once a
+        cut context is priced, at -fitc too (linear in the cells between the two)."""
+        points = {n_max} if n_ctx == n_max or not ctx_free else {n_max, low}
+        return _interpolate({c: price.compute(base.replace(n_ctx=c)) for c in points}, n_ctx)
 
     def needs_at(n_ctx: int) -> FitNeeds:
         states = [sum(per.values()) for per in layer_states(
@@ -141,7 +147,7 @@ def fit_config(model: Any, cfg: EngineConfig, devices: Sequence[str], *,
                                                n_ctx=n_ctx, n_parallel=cfg.n_parallel,
                                                spec_n_max=cfg.spec.n_max, type_k=cfg.mtp_type_k,
                                                type_v=cfg.mtp_type_v)
-        compute = _interpolate(sized, n_ctx)
+        compute = compute_at(n_ctx)
         for d, n in extra.items():
             compute[d] = compute.get(d, 0) + n
         return FitNeeds(weights[0], weights[1], tuple(states), weights[2], weights[3],
@@ -152,14 +158,14 @@ def fit_config(model: Any, cfg: EngineConfig, devices: Sequence[str], *,
     for _ in range(ROUNDS):
         result = fit(needs_at, fit_devices, req)
         fitted = _apply(cfg, result, ngl_free, moe_free, ctx_free)
-        by_device = predict_by_device(model, fitted, devices, device, include_mtp)
+        by_device = price.by_device(fitted)
         over = {d.name: by_device.get(d.name, 0) - result.used.get(d.name, 0)
                 for d in fit_devices
                 if result.used.get(d.name) and by_device.get(d.name, 0) > d.budget}
         if not over:
             best = Fitted(fitted, result, by_device, hp.n_layer)
-            return _refine(best, model, cfg, devices, device, include_mtp, needs_at,
-                           fit_devices, (ngl_free, moe_free, ctx_free))
+            return _refine(best, price, cfg, needs_at, fit_devices,
+                           (ngl_free, moe_free, ctx_free))
         for d, n in over.items():  # what the planner's shortcut missed, priced in again
             extra[d] = extra.get(d, 0) + max(n, 1 << 20)
     worst = max(over, key=lambda d: over[d])
@@ -167,14 +173,13 @@ def fit_config(model: Any, cfg: EngineConfig, devices: Sequence[str], *,
                    f"{ROUNDS} fits; set -ngl / -c by hand or --fit off")
 
 
-def _refine(best: Fitted, model: Any, cfg: EngineConfig, devices: Sequence[str],
-            device: str | None, include_mtp: bool, needs_at: Any,
+def _refine(best: Fitted, price: _Pricer, cfg: EngineConfig, needs_at: Any,
             fit_devices: Sequence[FitDevice], free: tuple[bool, bool, bool]) -> Fitted:
     """Where the full plan leaves room (the planner prices compute buffers at the all-on-
     device placement, which moved weights shrink), give back one block's experts or one
     layer at a time while the full plan still fits."""
     ngl_free, moe_free, _ = free
-    n_all = model.trunk.hparams.n_layer_all
+    n_all = price.model.trunk.hparams.n_layer_all
     for _ in range(REFINE):
         r = best.result
         if moe_free and r.n_cpu_moe > max(0, n_all + 1 - r.n_gpu_layers):
@@ -187,7 +192,7 @@ def _refine(best: Fitted, model: Any, cfg: EngineConfig, devices: Sequence[str],
                                                       or c == "-ngl" and ngl > n_all))
         cand = place(needs_at(r.n_ctx), fit_devices, ngl, moe, r.n_ctx, changed)
         fitted = _apply(cfg, cand, *free)
-        by_device = predict_by_device(model, fitted, devices, device, include_mtp)
+        by_device = price.by_device(fitted)
         if any(by_device.get(d.name, 0) > d.budget for d in fit_devices
                if by_device.get(d.name)):
             break
@@ -244,22 +249,6 @@ def _layer_weights(model: Any, cfg: EngineConfig, devices: Sequence[str], device
     return tuple(dense), tuple(experts), output, pinned
 
 
-def _compute(model: Any, cfg: EngineConfig, devices: Sequence[str], device: str | None,
-             include_mtp: bool, rollback: str | None) -> dict[str, int]:
-    """Compute buffers per device (reserved plus the step schedulers'), sized by ggml."""
-    from pyggspec.compute import predict_compute
-
-    ps = _placements(model, cfg, devices, device, include_mtp)
-    plan = predict_compute(model, graph_options(cfg, model.trunk.hparams, rollback), ps[0],
-                           ps[1] if len(ps) > 1 else None,
-                           backend_sampling=cfg.backend_sampling,
-                           coupled_drafts=coupled_drafts(cfg), sampling=cfg.sampling)
-    out = plan.by_device()
-    for d, n in plan.steps.items():
-        out[d] = out.get(d, 0) + n
-    return out
-
-
 def _interpolate(sized: Mapping[int, Mapping[str, int]], n_ctx: int) -> dict[str, int]:
     """Compute bytes at ``n_ctx`` from sizings at one or two contexts (linear in the
     attended cells between them, as the masks and attention scores are)."""
@@ -272,29 +261,66 @@ def _interpolate(sized: Mapping[int, Mapping[str, int]], n_ctx: int) -> dict[str
             for d in set(lo) | set(hi)}
 
 
+class _Pricer:
+    """ggml's compute sizing and the full memory plan of candidate configs, each sized
+    once (a sizing builds every worst-case graph: the costly part of a fit)."""
+
+    def __init__(self, model: Any, devices: Sequence[str], device: str | None,
+                 include_mtp: bool) -> None:
+        self.model, self.devices, self.device = model, devices, device
+        self.include_mtp = include_mtp
+        self._sized: dict[tuple, Any] = {}
+
+    def placements(self, cfg: EngineConfig) -> list[Any]:
+        return _placements(self.model, cfg, self.devices, self.device, self.include_mtp)
+
+    def sizing(self, cfg: EngineConfig) -> Any:
+        """The :class:`~pyggspec.compute.ComputePlan` of ``cfg``, memoised on what decides
+        it here (the layer count, the overrides, the context)."""
+        from pyggspec.compute import predict_compute
+        from pyggspec.weights.placement import resolve_n_gpu_layers
+
+        hp = self.model.trunk.hparams
+        key = (resolve_n_gpu_layers(cfg.n_gpu_layers, hp.n_layer_all), cfg.override_tensor,
+               planned_n_ctx(cfg, hp))
+        if key not in self._sized:
+            ps = self.placements(cfg)
+            self._sized[key] = predict_compute(
+                self.model, graph_options(cfg, hp, planned_rollback(cfg)), ps[0],
+                ps[1] if len(ps) > 1 else None, backend_sampling=cfg.backend_sampling,
+                coupled_drafts=coupled_drafts(cfg), sampling=cfg.sampling)
+        return self._sized[key]
+
+    def compute(self, cfg: EngineConfig) -> dict[str, int]:
+        """Compute buffers per device: the reserved ones and the step schedulers'."""
+        plan = self.sizing(cfg)
+        out = plan.by_device()
+        for d, n in plan.steps.items():
+            out[d] = out.get(d, 0) + n
+        return out
+
+    def by_device(self, cfg: EngineConfig) -> dict[str, int]:
+        """The full memory plan of ``cfg`` per device (weights, caches, states, compute),
+        as ``pyggspec inspect`` predicts it (CPU weight repacking aside: host memory)."""
+        from pyggspec.weights import sum_bytes
+
+        hp = self.model.trunk.hparams
+        ps = self.placements(cfg)
+        mtp_dev = None
+        if cfg.uses_mtp:
+            mtp_dev = ps[-1].tensor_devices.get(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
+        mf = self.model.mtp_file
+        plan = plan_engine_memory(cfg, hp, self.model.trunk.n_vocab, ps[0], sum_bytes(*ps),
+                                  rollback=planned_rollback(cfg), mtp_device=mtp_dev,
+                                  mtp_hp=mf.hparams if mf is not None else None,
+                                  compute=self.sizing(cfg))
+        return plan.by_device()
+
+
 def predict_by_device(model: Any, cfg: EngineConfig, devices: Sequence[str],
-                      device: str | None, include_mtp: bool) -> dict[str, int]:
-    """The full memory plan of ``cfg`` per device (weights, caches, states, compute), as
-    ``pyggspec inspect`` predicts it (CPU weight repacking aside: host memory)."""
-    from pyggspec.weights import sum_bytes
-
-    hp = model.trunk.hparams
-    ps = _placements(model, cfg, devices, device, include_mtp)
-    rollback = planned_rollback(cfg)
-    mtp_dev = None
-    if cfg.uses_mtp:
-        mtp_dev = ps[-1].tensor_devices.get(f"blk.{hp.n_layer}.nextn.eh_proj.weight")
-    from pyggspec.compute import predict_compute
-
-    sized = predict_compute(model, graph_options(cfg, hp, rollback), ps[0],
-                            ps[1] if len(ps) > 1 else None,
-                            backend_sampling=cfg.backend_sampling,
-                            coupled_drafts=coupled_drafts(cfg), sampling=cfg.sampling)
-    plan = plan_engine_memory(cfg, hp, model.trunk.n_vocab, ps[0], sum_bytes(*ps),
-                              rollback=rollback, mtp_device=mtp_dev,
-                              mtp_hp=model.mtp_file.hparams if model.mtp_file is not None
-                              else None, compute=sized)
-    return plan.by_device()
+                      device: str | None = None, include_mtp: bool = True) -> dict[str, int]:
+    """The full memory plan of ``cfg`` per device, as the fit checks its choice."""
+    return _Pricer(model, devices, device, include_mtp).by_device(cfg)
 
 
 def _mib(n: int) -> str:
