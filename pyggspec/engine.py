@@ -174,6 +174,9 @@ class Engine:
     hp = property(lambda self: self._parts.hp)
     n_vocab = property(lambda self: self._parts.n_vocab)
     n_ctx = property(lambda self: self._parts.n_ctx, doc="-c, capped at the training context")
+    fit = property(lambda self: self._parts.fit,
+                   doc="What --fit chose (memory.autofit.Fitted: .table(), .to_dict()), or "
+                       "None when it had nothing to fit")
     n_parallel = property(lambda self: self.config.n_parallel)
     n_batch = property(lambda self: self.config.n_batch)
     n_ubatch = property(lambda self: self.config.n_ubatch)

@@ -203,6 +203,8 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         config = config.replace(progress=False)
     n_parallel = config.n_parallel
     with engine_from_config(model, config) as engine:
+        if engine.fit is not None and engine.fit.result.changed and not as_json:
+            click.echo(engine.fit.table(), err=True)  # what --fit changed, once
         if ids is not None:
             inputs: list = [ids]
         else:
