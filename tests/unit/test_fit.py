@@ -219,3 +219,21 @@ def test_cli_fit_options() -> None:
                                                                      True)
     assert CliRunner().invoke(cmd, ["-fit", "maybe"]).exit_code == 2
     assert CliRunner().invoke(cmd, ["-fitt", "a"]).exit_code == 2
+
+
+def test_no_offload_device_or_nothing_unset_costs_nothing() -> None:
+    """fit_config returns at once (no sizing, no device asked) where it has nothing to do."""
+    from types import SimpleNamespace
+
+    from pyggspec.config import EngineConfig
+    from pyggspec.memory.autofit import fit_config
+
+    hp = SimpleNamespace(is_moe=True, n_layer_all=5, n_layer=4)
+    model = SimpleNamespace(trunk=SimpleNamespace(hparams=hp))  # any other use would fail
+    free = {"GPU0": 0}
+    assert fit_config(model, EngineConfig(n_gpu_layers=None), ["CPU"], free=free) is None
+    assert fit_config(model, EngineConfig(n_gpu_layers=None, fit=False), ["CPU", "GPU0"],
+                      free=free) is None
+    assert fit_config(model, EngineConfig(), ["CPU", "GPU0"], free=free) is None  # API: -ngl 0
+    assert fit_config(model, EngineConfig(n_gpu_layers=99, cpu_moe=True), ["CPU", "GPU0"],
+                      free=free) is None  # everything set, -c 4096
