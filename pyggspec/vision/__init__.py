@@ -1,0 +1,5 @@
+"""Image inputs: the vision projector through libmtmd, and the M-RoPE positions of image rows.
+
+``projector`` wraps libmtmd (``_mtmd`` is the only module that calls it) and reads mmproj
+GGUF facts; ``positions`` is pure position arithmetic for the trunk and the MTP head.
+"""
