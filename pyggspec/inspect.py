@@ -55,7 +55,8 @@ def offload_candidates(infos: Sequence[Any]) -> list[str]:
 
 def inspect_model(path: str | os.PathLike, cfg: EngineConfig | None = None, *,
                   pair: str | os.PathLike | None = None, auto_spec: bool = False,
-                  tensors: bool = False) -> dict[str, Any]:
+                  tensors: bool = False, mmproj: str | os.PathLike | None = None,
+                  mmproj_offload: bool = True) -> dict[str, Any]:
     """A JSON-ready report on the model at ``path`` as an engine built from ``cfg`` would use
     it (``cfg.mtp_path``: a separate MTP-only GGUF to pair with it).
 
@@ -67,6 +68,9 @@ def inspect_model(path: str | os.PathLike, cfg: EngineConfig | None = None, *,
     :func:`inspect_mtp_only`; ``pair`` names a trunk to check it against, and the
     report's ``mtp.pair.ok`` says whether they pair). ``pair`` with a trunk ``path``, or
     ``cfg.mtp_path`` with an MTP-only one, is an :class:`InspectUsageError`.
+
+    ``mmproj``: a vision projector for the model; adds ``report["mmproj"]`` and its weights
+    and compute buffer to ``report["memory"]`` (:mod:`pyggspec.vision.report`).
     """
     from pyggspec.modelfile import MtpOnlyFileError, open_model
 
@@ -77,6 +81,9 @@ def inspect_model(path: str | os.PathLike, cfg: EngineConfig | None = None, *,
         if cfg.mtp_path is not None:
             raise InspectUsageError(f"{path} is an MTP-only file: check it against a trunk "
                                     "with --pair TRUNK, or inspect TRUNK --mtp FILE") from None
+        if mmproj is not None:
+            raise InspectUsageError("goes with the text model FILE, not an MTP-only one",
+                                    flag="--mmproj")
         return inspect_mtp_only(path, pair, n_ctx=cfg.n_ctx, n_parallel=cfg.n_parallel,
                                 type_k=cfg.mtp_type_k, type_v=cfg.mtp_type_v, tensors=tensors)
     if pair is not None:
@@ -84,7 +91,12 @@ def inspect_model(path: str | os.PathLike, cfg: EngineConfig | None = None, *,
         raise InspectUsageError("is for an MTP-only FILE; pair a trunk FILE with --mtp",
                                 flag="--pair")
     with opened as model:
-        return _inspect_opened(path, model, cfg, auto_spec, tensors)
+        report = _inspect_opened(path, model, cfg, auto_spec, tensors)
+    if mmproj is not None:
+        from pyggspec.vision.report import add_projector
+
+        add_projector(report, mmproj, path, offload=mmproj_offload)
+    return report
 
 
 def _inspect_opened(path: str | os.PathLike, model: Any, cfg: EngineConfig, auto_spec: bool,

@@ -279,3 +279,47 @@ def test_bad_input_in_a_subprocess(vl: dict[str, VLFiles], tmp_path: Path) -> No
     assert len(lines) == 2 and all(x.startswith("pyggspec: ") for x in lines), r.stdout
     assert "n_embd" in lines[0] and lines[1].startswith("pyggspec: bad.png: cannot decode")
     assert "Traceback" not in r.stderr
+
+
+# ------------------------------------------------------------------ pyggspec inspect --mmproj
+
+def _inspect(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyggspec", "inspect", *map(str, args)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+
+
+def test_inspect_mmproj(vl: dict[str, VLFiles]) -> None:
+    f = vl["dense"]
+    plain = json.loads(_inspect(f.model, "--json").stdout)
+    r = _inspect(f.model, "--mmproj", f.mmproj, "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(r.stdout)
+    mm, info = d["mmproj"], read_projector_info(f.mmproj)
+    assert (mm["projector_type"], mm["n_embd"], mm["matches_model"]) == (
+        "qwen3vl_merger", 64, True)
+    assert (mm["image_min_tokens"], mm["image_max_tokens"]) == (8, 4096)
+    assert mm["vision"]["n_layer"] == f.vision.depth and mm["n_tensors"] == info.n_tensors
+    assert mm["weights"] == {"CPU": info.weights_bytes}
+    assert set(mm["compute"]) == {"CPU"} and mm["compute"]["CPU"] > 0
+    mem = d["memory"]
+    added = info.weights_bytes + mm["compute"]["CPU"]
+    assert (mem["mmproj"], mem["mmproj_compute"]) == (mm["weights"], mm["compute"])
+    assert mem["total_bytes"] == plain["memory"]["total_bytes"] + added
+    assert mem["by_device"]["CPU"] == plain["memory"]["by_device"]["CPU"] + added
+    # the human report: a projector row, and the projector in the engine plan's sum
+    r = _inspect(f.model, "-mm", f.mmproj, "--no-mmproj-offload")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for s in ("projector", "qwen3vl_merger", "image budget 8..4096 tokens", "mmproj_compute",
+              f.mmproj.name):
+        assert s in r.stdout, (s, r.stdout)
+
+
+@pytest.mark.parametrize("which,msg", [("mismatch", "outputs rows of 128"),
+                                       ("text", "not a projector (mmproj) file")])
+def test_inspect_bad_mmproj(vl: dict[str, VLFiles], which: str, msg: str) -> None:
+    f = vl["dense"]
+    bad = vl["mismatch"].mmproj if which == "mismatch" else f.model
+    r = _inspect(f.model, "--mmproj", bad)
+    assert r.returncode == 1 and r.stdout == ""
+    line = r.stderr.strip()
+    assert line.startswith(f"pyggspec: {bad}: ") and msg in line and "\n" not in line, r.stderr

@@ -87,11 +87,17 @@ def _ggml_type(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @FIT_TARGET()
 @FIT_CTX()
 @FIT_PRINT()
+@click.option("-mm", "--mmproj", "mmproj_path", type=click.Path(path_type=Path),
+              help="Vision projector GGUF (convert_hf_to_gguf.py --mmproj) for FILE: describe "
+                   "it and add it to the memory plan.")
+@click.option("--no-mmproj-offload", "no_mmproj_offload", is_flag=True,
+              help="Plan the projector on the CPU (libmtmd otherwise uses a GPU device).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @engine_config
 def inspect(file: Path, config: EngineConfig, spec_n_max: int | None, rollback: str,
             draft_sampling: str, show_tensors: bool, pair_path: Path | None,
-            as_json: bool, rpc: str | None = None, fit_print: bool = False) -> None:
+            as_json: bool, rpc: str | None = None, fit_print: bool = False,
+            mmproj_path: Path | None = None, no_mmproj_offload: bool = False) -> None:
     """Describe a Qwen3.5/3.6 GGUF: dims, layer kinds, MTP head, tensors, memory.
 
     FILE may also be an MTP-only GGUF (mtp-*.gguf): then the head, its tensors and what a
@@ -112,7 +118,8 @@ def inspect(file: Path, config: EngineConfig, spec_n_max: int | None, rollback: 
     config = config.replace(spec=spec, spec_type="draft-mtp" if spec_n_max else None)
     try:
         report = inspect_model(file, config, pair=pair_path, auto_spec=spec_n_max is None,
-                               tensors=show_tensors)
+                               tensors=show_tensors, mmproj=mmproj_path,
+                               mmproj_offload=not no_mmproj_offload)
     except InspectUsageError as e:
         if e.flag is not None:
             raise click.BadParameter(e.message, param_hint=f"'{e.flag}'") from None
@@ -236,9 +243,12 @@ def _human(r: dict[str, Any], show_tensors: bool) -> str:
                                           and mem.get("compute_estimated") else "")
                                        for c in ("weights", "kv", "mtp_kv", "recurrent",
                                                  "snapshots", "checkpoints", "compute",
-                                                 "step_graphs")
+                                                 "step_graphs", "mmproj", "mmproj_compute")
                                        if c in mem)
                            + f" = {fmt_bytes(mem['total_bytes'])}")))
+    mm = r.get("mmproj")
+    if mm is not None:
+        rows.append(("projector", _projector_line(mm)))
     rp = mem.get("repacked")
     if rp is not None:
         copy = sum(rp["tied_head_copy"].values())
@@ -257,6 +267,21 @@ def _human(r: dict[str, Any], show_tensors: bool) -> str:
             f"{t['name']:<{wn}}  {t['type']:<7} {t['ne']!s:<22} {fmt_bytes(t['bytes']):>12}"
             f"  {t['device']}" for t in tl)
     return out
+
+
+def _projector_line(mm: dict[str, Any]) -> str:
+    v = mm["vision"]
+    types = ", ".join(f"{n} {t}" for t, n in mm["tensor_types"].items())
+    return (f"{Path(mm['file']).name}: {mm['projector_type']}, rows of {mm['n_embd']} "
+            f"(matches the model); ViT {v['n_layer']} layers x {v['n_embd']}, patch "
+            f"{v['patch_size']}, merge {v['n_merge']}x{v['n_merge']}\n"
+            f"image budget {mm['image_min_tokens']}..{mm['image_max_tokens']} tokens; "
+            f"{mm['n_tensors']} tensors ({types}); weights "
+            + ", ".join(f"{d} {fmt_bytes(n)}" for d, n in mm["weights"].items())
+            + "; compute "
+            + (", ".join(f"{d} {fmt_bytes(n)}" for d, n in mm["compute"].items())
+               or "not reported by libmtmd")
+            + " (libmtmd's warmup)")
 
 
 def _human_mtp_only(r: dict[str, Any]) -> str:
