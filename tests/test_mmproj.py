@@ -323,3 +323,28 @@ def test_inspect_bad_mmproj(vl: dict[str, VLFiles], which: str, msg: str) -> Non
     assert r.returncode == 1 and r.stdout == ""
     line = r.stderr.strip()
     assert line.startswith(f"pyggspec: {bad}: ") and msg in line and "\n" not in line, r.stderr
+
+
+# ------------------------------------------------------------------------------- positions
+
+def test_positions_match_libmtmd(proj: Projector) -> None:
+    """Our M-RoPE positions == libmtmd's own (mtmd_helper_image_get_decoder_pos), and the
+    position after each chunk advances by its n_pos as libmtmd counts it."""
+    from pyggspec.vision.positions import image_positions, prompt_positions
+
+    wide = png_bytes(test_image_pixels(200, 70, seed=4))
+    tall = png_bytes(test_image_pixels(64, 160, seed=5))
+    chunks = proj.tokenize("a <__media__> b <__media__> c", [wide, tall])
+    pos, nxt = prompt_positions(chunks, pos_0=5)
+    assert nxt == 5 + sum(c.n_pos for c in chunks)
+    row, p = 0, 5
+    for c in chunks:
+        if isinstance(c, ImageChunk):
+            assert c.nx != c.ny and c.n_pos == max(c.nx, c.ny)
+            t, x, y, z = proj.decoder_positions(c, p).T  # libmtmd's (t, x, y, z)
+            ours = image_positions(c.nx, c.ny, p)
+            assert np.array_equal(ours, np.stack([t, y, x, z]))  # batch order (t, y, x, z)
+            assert np.array_equal(pos[:, row:row + c.n_tokens], ours)
+        row += c.n_tokens
+        p += c.n_pos
+    assert row == pos.shape[1]
