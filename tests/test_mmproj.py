@@ -53,6 +53,7 @@ from pyggspec.testing.hf_vision import (
     png_bytes,
     test_image_pixels,
     vision_weights,
+    write_mmproj,
 )
 from pyggspec.tokenizer import Tokenizer
 from pyggspec.vision.projector import (
@@ -104,6 +105,25 @@ def test_fixture_files(vl: dict[str, VLFiles]) -> None:
         assert "v.patch_embd.weight.1" in m.tensors and "mm.2.bias" in m.tensors
         assert not any(n.startswith("blk.") for n in m.tensors)
         m.close()
+
+
+def test_writer_matches_converter(vl: dict[str, VLFiles], tmp_path: Path) -> None:
+    """``write_mmproj`` (no torch: what the CI-run projector tests use) writes the converter's
+    file exactly: metadata (keys, types, values, order), tensors, order, types and data."""
+    from pyggspec.testing.layout import (
+        compare_layouts,
+        compare_values,
+        format_differences,
+        read_layout,
+    )
+
+    for name in ("dense", "mismatch"):
+        f = vl[name]
+        ours = write_mmproj(tmp_path / f"{name}.gguf", f.vision, f.spec.n_embd, seed=1,
+                            rms_norm_eps=f.spec.rms_norm_eps)
+        diffs = compare_layouts(read_layout(f.mmproj), read_layout(ours), check_kv_order=True)
+        diffs += compare_values(f.mmproj, ours)
+        assert not diffs, f"{name}:\n" + format_differences(diffs)
 
 
 # ------------------------------------------------------------------------------------ facts

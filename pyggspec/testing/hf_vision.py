@@ -51,6 +51,7 @@ __all__ = [
     "test_image_png",
     "vision_weights",
     "write_hf_vl_checkpoint",
+    "write_mmproj",
 ]
 
 # Qwen3.5's vision tokens, in its order (all special). libmtmd wraps an image's rows in
@@ -280,6 +281,91 @@ def converted_vl_model(cache_dir: str | os.PathLike[str], spec: HFSpec | None = 
     """One :func:`converted_vl_models` variant (defaults: dense tiny text, tiny tower)."""
     return converted_vl_models(cache_dir, [(spec or HFSpec(), vision or VisionSpec())],
                                **kw)[0]
+
+
+# GGUF names of the vision tower as the converter maps them (gguf-py's TensorNameMap for
+# MODEL_ARCH.MMPROJ plus Qwen3VLVisionModel.modify_tensors), per block and for the rest.
+_MMPROJ_BLOCK = {
+    "attn.proj": "attn_out", "attn.qkv": "attn_qkv", "mlp.linear_fc1": "ffn_up",
+    "mlp.linear_fc2": "ffn_down", "norm1": "ln1", "norm2": "ln2",
+}
+_MMPROJ_TOP = {
+    "merger.linear_fc1": "mm.0", "merger.linear_fc2": "mm.2", "merger.norm": "v.post_ln",
+    "patch_embed.proj": "v.patch_embd", "pos_embed": "v.position_embd",
+}
+
+
+def _mmproj_name(hf: str) -> str:
+    base, _, suffix = hf.removeprefix("model.visual.").rpartition(".")
+    if base.startswith("blocks."):
+        _, bid, rest = base.split(".", 2)
+        return f"v.blk.{bid}.{_MMPROJ_BLOCK[rest]}.{suffix}"
+    return f"{_MMPROJ_TOP[base]}.{suffix}"
+
+
+def write_mmproj(path: str | os.PathLike[str], vision: VisionSpec | None = None,
+                 text_hidden: int = 64, *, seed: int = 1, outtype: str = "f16",
+                 rms_norm_eps: float = 1e-6, name: str = "Hf") -> Path:
+    """The projector GGUF ``convert_hf_to_gguf.py --mmproj`` makes of
+    :func:`vision_weights` (``seed``), written directly (numpy + gguf-py, no torch).
+
+    Why: the projector tests then run without torch; tests/test_mmproj.py checks that this
+    file equals the converter's, metadata, tensor order, types and data. The converter's
+    rules followed: tensors in sorted HF-name order; the Conv3d patch embedding split along
+    time into ``v.patch_embd.weight`` and ``.weight.1``; >= 2-D ``.weight`` tensors take
+    the outtype except the position embeddings (F32), everything else F32; metadata keys and
+    order of ``MmprojModel`` / ``Qwen3VLVisionModel`` (``name``: ``general.name``, which the
+    converter derives from the checkpoint's directory name).
+    """
+    from gguf import GGMLQuantizationType as QT
+    from gguf import GGUFWriter, LlamaFileType, size_label
+
+    if outtype not in ("f32", "f16"):
+        raise ValueError(f"outtype {outtype!r}: f32 or f16")
+    vs = vision or VisionSpec()
+    tensors: list[tuple[str, np.ndarray]] = []
+    for hf, a in sorted(vision_weights(vs, text_hidden, seed).items()):
+        gname = _mmproj_name(hf)
+        if hf.endswith("patch_embed.proj.weight"):
+            parts = [(gname, a[:, :, 0]), (gname + ".1", a[:, :, 1])]
+        else:
+            parts = [(gname, a)]
+        for n, t in parts:
+            half = (outtype == "f16" and t.ndim >= 2 and n.endswith((".weight", ".weight.1"))
+                    and not n.startswith("v.position_embd."))
+            tensors.append((n, np.ascontiguousarray(t.astype(np.float16 if half else
+                                                             np.float32))))
+    ftype = LlamaFileType.MOSTLY_F16 if outtype == "f16" else LlamaFileType.ALL_F32
+    w = GGUFWriter(str(path), "clip")
+    w.add_type("mmproj")
+    w.add_name(name)
+    w.add_size_label(size_label(sum(t.size for _, t in tensors), 0, 0, 0))
+    w.add_file_type(ftype)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_uint32("clip.vision.projection_dim", text_hidden)
+    side = round(vs.num_position_embeddings ** 0.5)
+    w.add_uint32("clip.vision.image_size", side * vs.patch_size)
+    w.add_uint32("clip.vision.patch_size", vs.patch_size)
+    w.add_uint32("clip.vision.embedding_length", vs.hidden_size)
+    w.add_uint32("clip.vision.feed_forward_length", vs.intermediate_size)
+    w.add_uint32("clip.vision.block_count", vs.depth)
+    w.add_uint32("clip.vision.attention.head_count", vs.num_heads)
+    w.add_array("clip.vision.image_mean", list(_PREPROCESSOR["image_mean"]))
+    w.add_array("clip.vision.image_std", list(_PREPROCESSOR["image_std"]))
+    w.add_string("clip.projector_type", "qwen3vl_merger")
+    w.add_bool("clip.use_gelu", True)
+    w.add_uint32("clip.vision.spatial_merge_size", vs.spatial_merge_size)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", rms_norm_eps)
+    w.add_array("clip.vision.is_deepstack_layers",
+                [i in vs.deepstack_visual_indexes for i in range(vs.depth)])
+    w.add_quantization_version(2)
+    for n, t in tensors:
+        w.add_tensor(n, t, raw_dtype=QT.F16 if t.dtype == np.float16 else QT.F32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
 
 
 def mismatched_vision(vision: VisionSpec, text_hidden: int) -> VisionSpec:
