@@ -10,6 +10,10 @@ tokens, a ``preprocessor_config.json``) with tiny dimensions, converted twice by
 ``--mmproj`` (projector type ``qwen3vl_merger``). The text part is ``hf_checkpoint``'s, unchanged;
 this module adds the vision tower, its config and its tokens.
 
+``write_mmproj`` writes the same projector GGUF directly (numpy + gguf-py, no torch), so that
+projector tests also run where torch is not installed; the converter tests prove the two
+files identical.
+
 The vision tower follows transformers' Qwen3.5 vision model (the Qwen3-VL one without
 deepstack): a Conv3d patch embedding (temporal patch 2), learned position embeddings on a
 square grid, pre-norm ViT blocks with LayerNorm, fused qkv and a GELU MLP, and the patch

@@ -195,7 +195,7 @@ class Projector:
     """
 
     def __init__(self, mmproj: str | os.PathLike[str], model: str | os.PathLike[str] | Tokenizer,
-                 *, offload: bool = False, n_threads: int | None = None,
+                 *, offload: bool = True, n_threads: int | None = None,
                  image_min_tokens: int | None = None, image_max_tokens: int | None = None
                  ) -> None:
         from pyggspec.tokenizer import Tokenizer
