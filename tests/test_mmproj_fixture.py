@@ -78,3 +78,42 @@ def test_inspect(files: dict[str, Path]) -> None:
     d = json.loads(r.stdout)
     assert d["mmproj"]["projector_type"] == "qwen3vl_merger"
     assert d["memory"]["mmproj"]["CPU"] == d["mmproj"]["weights"]["CPU"] > 0
+
+
+# ------------------------------------------------------- llama.cpp + libmtmd (the oracle)
+
+def test_oracle_image_prompt(files: dict[str, Path]) -> None:
+    """llama.cpp's own image-prompt decode runs on these files, deterministically, sees the
+    image, and advances positions as pyggspec.vision.positions says."""
+    from pyggspec.testing.oracle_vision import image_prompt
+
+    a = png_bytes(test_image_pixels(96, 64, seed=1))
+    b = png_bytes(test_image_pixels(96, 64, seed=2))
+    prompt = "<|im_start|>user\nLook <__media__> here<|im_end|>\n<|im_start|>assistant\n"
+    r1 = image_prompt(files["model"], files["mmproj"], prompt, [a], n_new=3)
+    r2 = image_prompt(files["model"], files["mmproj"], prompt, [a], n_new=3)
+    r3 = image_prompt(files["model"], files["mmproj"], prompt, [b])
+    assert np.isfinite(r1.logits).all() and np.array_equal(r1.logits, r2.logits)
+    assert r1.greedy == r2.greedy and len(r1.greedy) == 3
+    assert np.abs(r1.logits - r3.logits).max() > 1e-3  # the image reaches the logits
+    with Projector(files["mmproj"], files["model"], offload=False) as p:
+        chunks = p.tokenize(prompt, [a])
+    _, nxt = prompt_positions(chunks)
+    assert (r1.n_past, r1.n_rows) == (nxt, sum(c.n_tokens for c in chunks))
+
+
+def test_libmtmd_checks_width_only_with_a_full_model(files: dict[str, Path]) -> None:
+    """With the full model libmtmd refuses the mismatched projector itself; with the
+    vocab-only one it would not (llama_model_n_embd_inp is 0), hence Projector's own check."""
+    from pyggspec.testing.oracle import OracleModel
+    from pyggspec.tokenizer import Tokenizer
+    from pyggspec.vision import _mtmd
+
+    with (OracleModel(files["model"]) as om,
+          pytest.raises(_mtmd.MtmdError, match="mismatch between text model")):
+        _mtmd.Context(str(files["mismatch"]), om.model, use_gpu=False, n_threads=2,
+                      image_min_tokens=None, image_max_tokens=None)
+    with Tokenizer(files["model"]) as tok:
+        ctx = _mtmd.Context(str(files["mismatch"]), tok._model, use_gpu=False, n_threads=2,
+                            image_min_tokens=None, image_max_tokens=None, warmup=False)
+        ctx.close()

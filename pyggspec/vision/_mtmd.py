@@ -71,6 +71,7 @@ def mtmd() -> ModuleType:
             import llama_cpp.mtmd_cpp as m
 
             m.mtmd_log_set(_log, None)
+            m.mtmd_helper_log_set(_log, None)  # the helpers have a logger of their own
             _mod = m
     return _mod
 
@@ -265,6 +266,27 @@ class Context:
             buf = ctypes.cast(p, ctypes.POINTER(ctypes.c_float * n)).contents
             return np.frombuffer(buf, dtype=np.float32, count=n).reshape(
                 chunk.n_tokens, n_embd).copy()
+
+
+    # -- llama.cpp's own decode (the test oracle) -------------------------------------------
+    def eval_image(self, chunk: Chunk, llama_context: Any, n_past: int, seq_id: int,
+                   n_batch: int) -> int:
+        """``mtmd_helper_eval_chunk_single`` on an image chunk: libmtmd encodes it and decodes
+        its rows into ``llama_context`` (a full model's) at llama.cpp's positions; returns
+        the position after it. For ``pyggspec.testing.oracle_vision`` only."""
+        m, ctx = self._m, self._check()
+        if chunk.handle is None or chunk.kind != CHUNK_IMAGE:
+            raise MtmdError("not an image chunk")
+        ll = _llama_cpp()
+        new = ll.llama_pos(n_past)
+        with _call() as lines:
+            rc = m.mtmd_helper_eval_chunk_single(ctx, llama_context, chunk.handle.ptr,
+                                                 int(n_past), int(seq_id), int(n_batch), False,
+                                                 ctypes.byref(new))
+            log = list(lines)
+        if rc != 0:
+            raise MtmdError(_first_error(log, f"mtmd_helper_eval_chunk_single failed ({rc})"))
+        return int(new.value)
 
 
 class Bitmap:
