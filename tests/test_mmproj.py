@@ -76,7 +76,7 @@ def vl(tmp_path_factory: pytest.TempPathFactory) -> dict[str, VLFiles]:
 
 @pytest.fixture(scope="module")
 def proj(vl: dict[str, VLFiles]):
-    with Projector(vl["dense"].mmproj, vl["dense"].model, n_threads=2) as p:
+    with Projector(vl["dense"].mmproj, vl["dense"].model, n_threads=2, offload=False) as p:
         yield p
 
 
@@ -148,7 +148,7 @@ def test_projector_opens(proj: Projector, vl: dict[str, VLFiles]) -> None:
     assert proj.n_embd == 64 and proj.uses_mrope and proj.marker == "<__media__>"
     assert set(proj.compute_buffers) == {"CPU"} and proj.compute_buffers["CPU"] > 0
     with Tokenizer(vl["moe"].model) as tok:
-        with Projector(vl["moe"].mmproj, tok) as p:
+        with Projector(vl["moe"].mmproj, tok, offload=False) as p:
             assert p.tokenizer is tok and p.n_embd == 64
         assert not tok.closed  # a shared tokenizer is the caller's to close
 
@@ -183,7 +183,8 @@ def test_image_token_budget(vl: dict[str, VLFiles], proj: Projector) -> None:
     big = bmp_bytes(np.full((2112, 2112, 3), 128, dtype=np.uint8))  # 4356 tokens unscaled
     (c,) = _image_chunks(proj.tokenize("<__media__>", [big]))
     assert 4096 - 2 * 64 < c.n_tokens <= 4096 and c.nx == c.ny
-    with Projector(vl["dense"].mmproj, proj.tokenizer, image_max_tokens=16) as p:
+    with Projector(vl["dense"].mmproj, proj.tokenizer, image_max_tokens=16,
+                   offload=False) as p:
         (c,) = _image_chunks(p.tokenize("<__media__>", [big]))
         assert c.n_tokens <= 16
 
@@ -201,7 +202,7 @@ def test_encode_rows(proj: Projector, vl: dict[str, VLFiles]) -> None:
     assert np.array_equal(ea, proj.encode(ca))  # deterministic
     assert not np.allclose(ea, eb)  # the pixels matter
     assert len({r.tobytes() for r in ea}) == ca.n_tokens  # every row its own
-    with Projector(vl["dense"].mmproj, proj.tokenizer) as fresh:  # a fresh context agrees
+    with Projector(vl["dense"].mmproj, proj.tokenizer, offload=False) as fresh:  # a fresh context agrees
         (c2,) = _image_chunks(fresh.tokenize("<__media__>", [a]))
         assert np.array_equal(fresh.encode(c2), ea)
 
@@ -311,7 +312,7 @@ def _inspect(*args: object) -> subprocess.CompletedProcess[str]:
 def test_inspect_mmproj(vl: dict[str, VLFiles]) -> None:
     f = vl["dense"]
     plain = json.loads(_inspect(f.model, "--json").stdout)
-    r = _inspect(f.model, "--mmproj", f.mmproj, "--json")
+    r = _inspect(f.model, "--mmproj", f.mmproj, "--no-mmproj-offload", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
     mm, info = d["mmproj"], read_projector_info(f.mmproj)

@@ -40,7 +40,7 @@ def files(models, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_projector_rows(files: dict[str, Path]) -> None:
-    with Projector(files["mmproj"], files["model"], n_threads=2) as p:
+    with Projector(files["mmproj"], files["model"], n_threads=2, offload=False) as p:
         assert p.n_embd == 64 and p.uses_mrope and p.compute_buffers.get("CPU", 0) > 0
         data = png_bytes(test_image_pixels(200, 70, seed=4))
         chunks = p.tokenize("describe <__media__> please", [data])
@@ -56,7 +56,7 @@ def test_projector_rows(files: dict[str, Path]) -> None:
         with pytest.raises(ImageError, match="cannot decode"):
             p.image(b"\x89PNG\r\n\x1a\n broken", "b.png")
     for name, model in (("f32", "model"), ("mmproj", "moe")):
-        with Projector(files[name], files[model]) as p:
+        with Projector(files[name], files[model], offload=False) as p:
             (c,) = [c for c in p.tokenize("<__media__>", [data]) if isinstance(c, ImageChunk)]
             assert p.encode(c).shape == (c.n_tokens, 64)
 
@@ -72,7 +72,7 @@ def test_mismatch_and_wrong_files(files: dict[str, Path]) -> None:
 
 def test_inspect(files: dict[str, Path]) -> None:
     r = subprocess.run([sys.executable, "-m", "pyggspec", "inspect", str(files["model"]),
-                        "--mmproj", str(files["mmproj"]), "--json"], capture_output=True,
+                        "--mmproj", str(files["mmproj"]), "--no-mmproj-offload", "--json"], capture_output=True,
                        text=True, cwd=REPO, timeout=120, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads(r.stdout)
