@@ -10,14 +10,16 @@ by the engine; the worker runs on it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from pyggspec.compute import reserve_compute
 from pyggspec.config import EngineConfig
-from pyggspec.errors import PyggspecError
+from pyggspec.errors import OutOfMemory, PyggspecError
 from pyggspec.ggml.device import Backend, cpu_device, devices, get_device
 from pyggspec.ggml.sched import BackendScheduler
 from pyggspec.memory import KVCache, RecurrentState, SlotMemory
@@ -30,6 +32,27 @@ from pyggspec.sampling import graph_sampling
 from pyggspec.sampling.session import SequenceSamplers
 
 log = logging.getLogger("pyggspec.engine")
+
+# the flag to change when a start-up allocation fails, by what was being allocated
+_HINTS = {
+    "weights": "lower -ngl or move experts with -ncmoe (or leave them unset with --fit on; "
+               "-fitt keeps more free)",
+    "kv": "lower -c or -np",
+    "recurrent": "lower -np or --spec-draft-n-max, or use --spec-rollback checkpoint",
+    "mtp": "lower -c or -np, or run without --spec-type draft-mtp",
+    "compute": "lower -ub / -b or -np",
+    "sampling": "use --no-backend-sampling",
+}
+
+
+@contextlib.contextmanager
+def _hint(part: str) -> Iterator[None]:
+    """An out-of-memory error raised while allocating ``part`` names the flag to change
+    (ggml's buffers do not know what they are for; assembly does)."""
+    try:
+        yield
+    except OutOfMemory as e:
+        raise e.with_hint(_HINTS[part]) from None
 
 
 def _device_accepts(device: str, info) -> bool:
@@ -120,20 +143,23 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
             t = trunk.tensors[name]
             log.warning("%s cannot hold %s (%s, %.0f MiB) as an operand: keeping it on "
                         "the CPU", dev, name, t.type_name, t.nbytes / 2**20)
-        p.weights = load_weights(p.model, p.placement, use_mmap=cfg.use_mmap,
-                                 progress=cfg.progress, repack=cfg.repack)
+        with _hint("weights"):
+            p.weights = load_weights(p.model, p.placement, use_mmap=cfg.use_mmap,
+                                     progress=cfg.progress, repack=cfg.repack)
         p.closers.append(p.weights)
         # None: chains in the graph unless the logits are on the CPU (graph_sampling)
         p.backend_sampling = graph_sampling(cfg.backend_sampling, p.placement.output_device)
         if cfg.uses_mtp and spec.draft_head:
-            _add_draft_head(p, spec.draft_head)
+            with _hint("weights"):
+                _add_draft_head(p, spec.draft_head)
         # verify/draft batches may run n_max + 2 positions past the committed ones
         kv_cells = graph_options(cfg, hp, None).kv_cells
         layer_dev = {il: get_device(p.placement.layer_devices[il]) for il in range(hp.n_layer)}
         attn = {il: d for il, d in layer_dev.items() if not hp.is_recurrent(il)}
         recr = {il: d for il, d in layer_dev.items() if hp.is_recurrent(il)}
-        p.kv = KVCache(attn, hp.n_embd_k_gqa, hp.n_embd_v_gqa, kv_cells, cfg.n_parallel,
-                       cfg.type_k, cfg.type_v)
+        with _hint("kv"):
+            p.kv = KVCache(attn, hp.n_embd_k_gqa, hp.n_embd_v_gqa, kv_cells, cfg.n_parallel,
+                           cfg.type_k, cfg.type_v)
         p.closers.append(p.kv)
         p.rollback = _choose_rollback(cfg, hp, recr) if cfg.speculative else None
         used = {p.placement.output_device, *p.placement.layer_devices[: hp.n_layer]}
@@ -153,14 +179,16 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
         # one plane per slot and the arena of a verify batch's states (snapshots), or two
         # planes (checkpoints)
         opts = graph_options(cfg, hp, p.rollback)
-        p.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, cfg.n_parallel, opts.planes,
-                              arena_rows=opts.arena_rows, d_inner=hp.ssm_d_inner)
+        with _hint("recurrent"):
+            p.rs = RecurrentState(recr, hp.n_embd_r, hp.n_embd_s, cfg.n_parallel, opts.planes,
+                                  arena_rows=opts.arena_rows, d_inner=hp.ssm_d_inner)
         p.closers.append(p.rs)
         p.target = Target(hp, p.weights, p.kv, p.rs, p.sched)
         p.target.step_rows = p.step_rows
         p.closers.append(p.target)
         if cfg.uses_mtp:
-            _init_mtp(p, kv_cells)
+            with _hint("mtp"):
+                _init_mtp(p, kv_cells)
         p.memory = SlotMemory(p.kv, p.rs, p.mtp_kv)
         if cfg.speculative:
             p.drafter = _make_drafters(p)
@@ -169,11 +197,13 @@ def assemble(model_path: str, cfg: EngineConfig) -> Parts:
 
                 p.lengths = DraftLengths(spec.n_max, p.drafter.names)
         # compute buffers at their worst case now, so they never grow while generating
-        reserve_compute(p.compute, p.target, p.mtp)
+        with _hint("compute"):
+            reserve_compute(p.compute, p.target, p.mtp)
         out_dev = get_device(p.placement.output_device)
-        p.samplers = SequenceSamplers(cfg.sampling, p.n_vocab, out_dev, p.backend_sampling,
-                                      p.target.register_plan,
-                                      output_split=p.placement.output_split)
+        with _hint("sampling"):
+            p.samplers = SequenceSamplers(cfg.sampling, p.n_vocab, out_dev,
+                                          p.backend_sampling, p.target.register_plan,
+                                          output_split=p.placement.output_split)
         return p
     except BaseException:
         p.close()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
-from pyggspec.errors import DeviceError
-from pyggspec.ggml import _lib, hugepages
+from pyggspec.errors import DeviceError, OutOfMemory
+from pyggspec.ggml import _lib, faults, hugepages
 from pyggspec.ggml.context import Context
 from pyggspec.ggml.device import Device
 from pyggspec.ggml.tensor import Tensor
@@ -36,16 +36,15 @@ class Buffer:
         lib, ffi = _lib.lib, _lib.ffi
         buft = device.buffer_type()
         need = int(lib.ggml_backend_alloc_ctx_tensors_from_buft_size(ctx.ptr, buft))
+        what = label or "buffer"
         free, total = device.memory()
         if total and need > free and not device.is_cpu:
-            raise DeviceError(
-                device.name,
-                f"{label or 'buffer'} needs {need / 2**20:.1f} MiB but only "
-                f"{free / 2**20:.1f} MiB are free",
-            )
+            raise OutOfMemory(device.name, f"{what} ({free / 2**20:.1f} MiB free)", need)
+        if faults.should_fail(what):
+            raise OutOfMemory(device.name, f"{what} (injected fault)", need)
         ptr = lib.ggml_backend_alloc_ctx_tensors_from_buft(ctx.ptr, buft)
         if ptr == ffi.NULL:
-            raise DeviceError(device.name, f"could not allocate {need} bytes for {label or 'buffer'}")
+            raise OutOfMemory(device.name, what, need)
         buf = cls(ptr, device, label)
         buf.set_usage(usage)
         buf._advise_huge_pages(ctx, usage)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pyggspec.errors import DeviceError
-from pyggspec.ggml import _lib
+from pyggspec.errors import DeviceError, OutOfMemory
+from pyggspec.ggml import _lib, faults
 from pyggspec.ggml.context import Context, GraphError
 from pyggspec.ggml.device import Backend
 from pyggspec.ggml.tensor import Tensor, place, place_again
@@ -153,8 +153,10 @@ class BackendScheduler:
         reserving every worst-case graph, no later graph reallocates them."""
         self._probe(graph)
         self._allocated = None
+        if faults.should_fail("compute"):
+            raise OutOfMemory(self.device_names, "compute buffers (injected fault)")
         if not _lib.lib.ggml_backend_sched_reserve(self.ptr, graph.ptr):
-            raise DeviceError(None, "could not reserve compute buffers")
+            raise OutOfMemory(self.device_names, "compute buffers")
 
     def reserve_size(self, graph: Graph) -> dict[str, int]:
         """Compute buffer bytes per device that ``graph`` alone needs, as ggml's allocator
@@ -170,6 +172,11 @@ class BackendScheduler:
         for b, n in zip(self.backends, sizes, strict=True):
             out[b.device.name] = out.get(b.device.name, 0) + int(n)
         return out
+
+    @property
+    def device_names(self) -> str:
+        """The devices this scheduler allocates on (ggml does not say which one failed)."""
+        return ",".join(dict.fromkeys(b.device.name for b in self.backends))
 
     @property
     def multi_backend(self) -> bool:
@@ -190,13 +197,18 @@ class BackendScheduler:
         # a graph allocated before holds addresses in buffers that may be gone now
         lib.pyggspec_ctx_forget_alloc(graph.ctx.ptr)
         graph.place_pins()
+        if faults.should_fail("graph"):
+            raise OutOfMemory(self.device_names, f"a graph of {graph.n_nodes} nodes "
+                              "(injected fault)")
         if not lib.ggml_backend_sched_alloc_graph(self.ptr, graph.ptr):
-            raise DeviceError(None, "could not allocate the compute graph")
+            raise OutOfMemory(self.device_names, f"a graph of {graph.n_nodes} nodes")
         self._allocated = graph
 
     def compute(self, graph: Graph) -> None:
         self.alloc(graph)
         status = _lib.lib.ggml_backend_sched_graph_compute(self.ptr, graph.ptr)
+        if status == _lib.lib.GGML_STATUS_ALLOC_FAILED:
+            raise OutOfMemory(self.device_names, "a graph's compute buffers")
         if status != _lib.lib.GGML_STATUS_SUCCESS:
             msg = _lib.ffi.string(_lib.lib.ggml_status_to_string(status)).decode()
             raise DeviceError(None, f"graph compute failed: {msg}")

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from pyggspec.errors import PyggspecError
+from pyggspec.errors import OutOfMemory, PyggspecError
 from pyggspec.models.batch import chunk_group
 from pyggspec.sampling.grammar import (
     Grammar,
@@ -451,11 +451,14 @@ class Scheduler:
                 self._begin(h, slot)
                 n += 1
             except Exception as exc:
-                log.exception("admitting request %s failed", h.id)
+                if isinstance(exc, OutOfMemory):  # the device's one line says it all
+                    log.warning("request %s: %s", h.id, str(exc).removeprefix("pyggspec: "))
+                else:
+                    log.exception("admitting request %s failed", h.id)
                 self.worker.clear(slot)
                 self._active.pop(slot, None)
                 self._counts["requests_failed"] += 1
-                h._fail(RequestFailed(f"request {h.id}: {exc}"))
+                h._fail(_failed(h, exc))
         return n
 
     def _pick_slot(self, h: RequestHandle, free: list[int]) -> int | None:
@@ -714,11 +717,7 @@ class Scheduler:
             log.exception("clearing slot %d failed", seq.slot)
         with self._lock:
             self._counts["requests_failed"] += 1
-        h = seq.owner.handle
-        msg = exc.message if isinstance(exc, PyggspecError) else f"{type(exc).__name__}: {exc}"
-        err = RequestFailed(f"request {h.id}: {msg}")
-        err.__cause__ = exc
-        h._fail(err)
+        seq.owner.handle._fail(_failed(seq.owner.handle, exc))
 
     # --- snapshots -------------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:
@@ -785,3 +784,14 @@ class Scheduler:
     def memory(self) -> dict[str, Any]:
         """Bytes by component and device (``Engine.memory()``, incl. prompt checkpoints)."""
         return self._memory() if self._memory is not None else {}
+
+
+def _failed(h: RequestHandle, exc: BaseException) -> RequestFailed:
+    """What a failed request's handle raises: one line, the cause kept (an
+    :class:`~pyggspec.errors.OutOfMemory` cause is the server's 503)."""
+    msg = exc.message if isinstance(exc, PyggspecError) else f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, OutOfMemory) and exc.where:
+        msg = f"{exc.where}: {msg}"  # which device had no memory
+    err = RequestFailed(f"request {h.id}: {msg}")
+    err.__cause__ = exc
+    return err

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from pyggspec.errors import OutOfMemory
 from pyggspec.serving.http.live_timings import LiveTimings
 from pyggspec.serving.http.protocol import ApiError
 from pyggspec.serving.request import RequestFailed, Result
@@ -73,9 +74,17 @@ async def run_to_end(state: ServerState, request: Request, handle: Handle,
     try:
         result = work.result()
     except RequestFailed as e:
-        raise ApiError(500, f"generation failed: {e.message}") from None
+        raise failed(e) from None
     state.finished(result, t_start, t_first[0] if t_first else None)
     return result
+
+
+def failed(e: RequestFailed) -> ApiError:
+    """A request whose step failed: 503 when the device had no memory for it (the server
+    goes on; a later request may get it, as llama-server's 503 says), else 500."""
+    if isinstance(e.__cause__, OutOfMemory):
+        return ApiError(503, e.message)
+    return ApiError(500, f"generation failed: {e.message}")
 
 
 def sse(obj: Any) -> bytes:
@@ -139,7 +148,7 @@ def stream(state: ServerState, handle: Handle, t_start: float,
             result = handle.result()
         except RequestFailed as e:
             response.completed = True
-            yield encode(error(ApiError(500, f"generation failed: {e.message}")))
+            yield encode(error(failed(e)))
             return
         response.completed = True
         state.finished(result, t_start, t_first)
