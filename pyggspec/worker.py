@@ -269,12 +269,14 @@ class Worker:
         """Milliseconds spent so far on work no step shape should be priced with: graphs
         of new shapes built (a shape's first step pays for its graph once; booked into its
         cost it priced the first 4 x 4 verify of a fresh engine at 263 ms against ~240),
-        and the MTP head's writes of pairs owed by steps that did not draft (the price of
+        the MTP head's writes of pairs owed by steps that did not draft (the price of
         those steps, paid once; booked into the next drafting step they priced it at 143
-        ms against 60 on the Q8_0 ~0.70 bench model)."""
+        ms against 60 on the Q8_0 ~0.70 bench model), and the hot vocabulary's refreshes
+        (~20 ms, in whichever step passes the refresh threshold)."""
         ms = self.target.new_graph_ms_total
         if self.mtp is not None:
-            ms += self.mtp.new_graph_ms_total + self.mtp_drafter.catch_up_ms
+            ms += (self.mtp.new_graph_ms_total + self.mtp_drafter.catch_up_ms
+                   + self.mtp_drafter.unpriced_ms)
         return ms
 
     def _step_ms(self, t_step: float, cold: float) -> float:
