@@ -117,10 +117,13 @@ class GraphOptions:
 
     def target_shapes(self) -> list[UBatchShape]:
         n, cells, spec = self.n_parallel, self.kv_cells, self.spec
-        ub = min(self.n_ubatch, self.n_ctx)
+        ub = self.n_ubatch
         out: list[UBatchShape] = []
-        for B in range(1, min(n, ub) + 1):  # prefill chunks of n_ubatch tokens
-            out.append(UBatchShape(ub // B, B, cells, B, spec))
+        # prefill chunks: at most n_ubatch tokens in all (chunk_group), each sequence's at
+        # most its context -- B x min(n_ubatch // B, n_ctx), not min(n_ubatch, n_ctx) // B
+        # (which missed 4 x 40 prompt chunks at -c 128 -ub 512 by 8% of the compute buffer)
+        for B in range(1, min(n, ub) + 1):
+            out.append(UBatchShape(min(ub // B, self.n_ctx), B, cells, B, spec))
         if n > ub:  # a plain step of every sequence is wider than any prefill chunk
             out.append(UBatchShape(1, n, cells, n, False))
         if spec:
