@@ -16,7 +16,7 @@ change: then it returns None at once (CPU-only start-up pays nothing for ``--fit
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyggspec.config import EngineConfig
@@ -76,6 +76,8 @@ class Fitted:
     def header(self) -> str:
         r = self.result
         what = f"-ngl {r.n_gpu_layers} -ncmoe {r.n_cpu_moe} -c {r.n_ctx}"
+        if "--spec-rollback" in r.changed:
+            what += " --spec-rollback checkpoint"
         how = (f"set by --fit: {', '.join(dict.fromkeys(r.changed))}" if r.changed
                else "fits as given")
         return f"fit: {what} ({how})"
@@ -86,6 +88,7 @@ class Fitted:
     def to_dict(self) -> dict[str, Any]:
         r = self.result
         return {"n_gpu_layers": r.n_gpu_layers, "n_cpu_moe": r.n_cpu_moe, "n_ctx": r.n_ctx,
+                "spec_rollback": self.config.spec.rollback if self.config.speculative else None,
                 "changed": list(dict.fromkeys(r.changed)), "rows": self.rows(),
                 "layer_devices": list(r.layer_devices), "output_device": r.output_device,
                 "by_device": dict(self.by_device)}
@@ -122,11 +125,57 @@ def fit_config(model: Any, cfg: EngineConfig, devices: Sequence[str], *,
         free = {name: get_device(name).memory()[0] for name in offload}
     fit_devices = [FitDevice(name, int(free[name]), m)
                    for name, m in zip(offload, margins(cfg.fit_target, len(offload)))]
+    price = _Pricer(model, devices, device, include_mtp)
+    parts = (ngl_free, moe_free, ctx_free)
+    rollback_free = (cfg.speculative and cfg.spec.rollback == "auto"
+                     and any(hp.is_recurrent(il) for il in range(hp.n_layer)))
+    best: Fitted | None = None
+    failed: FitError | None = None
+    try:
+        best = _fit_for(model, cfg, devices, device, include_mtp, fit_devices, price, ngl,
+                        parts)
+    except FitError as e:
+        if not rollback_free:
+            raise
+        failed = e
+    if rollback_free and (best is None or {"-ngl", "-ncmoe"} & set(best.result.changed)):
+        # snapshot planes (a verify's n_max + 1 states per slot) made weights move, or
+        # nothing fit: checkpoint rollback (two planes) where that keeps more weights on
+        # the devices -- a replay after a rejection costs less than weights read from host
+        # memory every step
+        ck_cfg = cfg.replace(spec=replace(cfg.spec, rollback="checkpoint"))
+        try:
+            ck = _fit_for(model, ck_cfg, devices, device, include_mtp, fit_devices, price,
+                          ngl, parts)
+        except FitError:
+            ck = None
+        if ck is not None and (best is None or _kept(ck.result) > _kept(best.result)):
+            r = replace(ck.result, changed=(*ck.result.changed, "--spec-rollback"))
+            best = Fitted(ck.config, r, ck.by_device, ck.n_trunk)
+    if best is None:
+        assert failed is not None
+        raise failed
+    return best
+
+
+def _kept(r: FitResult) -> tuple[int, int]:
+    """The weights a fit keeps on the devices (larger is better): layers, then experts.
+    A context cut is not counted: as in llama.cpp's order it is the cheap give, and a few
+    hundred more tokens of an unset -c are not worth the snapshots' speed."""
+    return (r.n_gpu_layers, -r.n_cpu_moe)
+
+
+def _fit_for(model: Any, cfg: EngineConfig, devices: Sequence[str], device: str | None,
+             include_mtp: bool, fit_devices: Sequence[FitDevice], price: _Pricer,
+             ngl: int | None, parts: tuple[bool, bool, bool]) -> Fitted:
+    """The fit of ``cfg`` (its rollback as planned) to ``fit_devices``: planner, then the
+    full plan's check, then the refinement (see the module docstring)."""
+    hp = model.trunk.hparams
+    ngl_free, moe_free, ctx_free = parts
     n_max = planned_n_ctx(cfg, hp)
     base = cfg.replace(n_gpu_layers=cfg.n_gpu_layers if ngl is not None else "all")
     weights = _layer_weights(model, base, devices, device, include_mtp)
     rollback = planned_rollback(cfg)
-    price = _Pricer(model, devices, device, include_mtp)
     low = min(cfg.fit_ctx, n_max)
     extra: dict[str, int] = {}
 
@@ -164,8 +213,7 @@ def fit_config(model: Any, cfg: EngineConfig, devices: Sequence[str], *,
                 if result.used.get(d.name) and by_device.get(d.name, 0) > d.budget}
         if not over:
             best = Fitted(fitted, result, by_device, hp.n_layer)
-            return _refine(best, price, cfg, needs_at, fit_devices,
-                           (ngl_free, moe_free, ctx_free))
+            return _refine(best, price, cfg, needs_at, fit_devices, parts)
         for d, n in over.items():  # what the planner's shortcut missed, priced in again
             extra[d] = extra.get(d, 0) + max(n, 1 << 20)
     worst = max(over, key=lambda d: over[d])
@@ -276,13 +324,13 @@ class _Pricer:
 
     def sizing(self, cfg: EngineConfig) -> Any:
         """The :class:`~pyggspec.compute.ComputePlan` of ``cfg``, memoised on what decides
-        it here (the layer count, the overrides, the context)."""
+        it here (the layer count, the overrides, the context, the rollback)."""
         from pyggspec.compute import predict_compute
         from pyggspec.weights.placement import resolve_n_gpu_layers
 
         hp = self.model.trunk.hparams
         key = (resolve_n_gpu_layers(cfg.n_gpu_layers, hp.n_layer_all), cfg.override_tensor,
-               planned_n_ctx(cfg, hp))
+               planned_n_ctx(cfg, hp), planned_rollback(cfg))
         if key not in self._sized:
             ps = self.placements(cfg)
             self._sized[key] = predict_compute(
