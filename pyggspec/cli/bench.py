@@ -21,6 +21,7 @@ from pyggspec.cli.common import (
     add_rpc_servers,
     engine_config,
     placement_options,
+    print_fit,
     spec_options,
 )
 from pyggspec.config import EngineConfig
@@ -60,7 +61,7 @@ def _lengths(ctx: click.Context, param: click.Parameter, value: str) -> tuple[in
 @engine_config
 def bench(model: Path, config: EngineConfig, reps: int, n_predict: int,
           prompts: tuple[str, ...], n_prompt: int, fixed: tuple[int, ...], rpc: str | None,
-          as_json: bool, plot: Path | None) -> None:
+          as_json: bool, plot: Path | None, fit_print: bool = False) -> None:
     """Measure plain decoding against speculation on MODEL, on this machine.
 
     Runs, paired request by request in one process: plain decoding, the default
@@ -73,6 +74,11 @@ def bench(model: Path, config: EngineConfig, reps: int, n_predict: int,
     from pyggspec.benchmark import plot as draw
     from pyggspec.benchmark import render, run_bench
     from pyggspec.progress import Progress
+
+    if fit_print:  # -fitp: the fit's table (as each engine would be fitted), then exit
+        add_rpc_servers(rpc)
+        print_fit(model, config)
+        return
 
     if plot is not None:  # fail before minutes of measuring, not after them
         try:
