@@ -37,6 +37,10 @@ class DeviceInfo:
         return asdict(self)
 
 
+RPC_ALIVE_S = 5.0  # an RPC server found alive is not probed again for this long
+_RPC_ALIVE: dict[str, float] = {}  # endpoint -> when it was last found alive
+
+
 class Device:
     """A ggml device (``ggml_backend_dev_t``); owned by ggml's registry, never freed."""
 
@@ -82,17 +86,24 @@ class Device:
         An rpc-server serves one client at a time with a tiny listen backlog, so a live
         server that this process is connected to may not complete new handshakes: a
         connect that times out counts as alive; only a refused or failed connect is dead.
+        An answer "alive" is kept for :data:`RPC_ALIVE_S` seconds: a busy server times the
+        probe out, and a probe before every buffer and sizing cost 0.5 s each.
         """
         if not self.is_rpc:
             return True
-        host, _, port = self.description.rpartition(":")
+        endpoint = self.description
+        if time.monotonic() - _RPC_ALIVE.get(endpoint, -RPC_ALIVE_S) < RPC_ALIVE_S:
+            return True
+        host, _, port = endpoint.rpartition(":")
         try:
             with socket.create_connection((host, int(port)), timeout=0.5):
-                return True
+                pass
         except TimeoutError:
-            return True
+            pass
         except (OSError, ValueError):
             return False
+        _RPC_ALIVE[endpoint] = time.monotonic()
+        return True
 
     def memory(self) -> tuple[int, int]:
         """(free, total) bytes as the device reports them; (0, 0) for a dead RPC server."""
