@@ -53,8 +53,9 @@ def test_bench_command_on_a_tiny_model(models, tmp_path):
     assert out["best"] in names
     for s in out["settings"]:
         assert s["decode_tps"] > 0 and s["prefill_tps"] > 0 and len(s["decode_tps_range"]) == 2
-        if s["name"] != "plain":
-            assert 1 <= len(s["per_position"]) <= s["n_max"] and "vs_plain_range" in s
+        if s["name"] != "plain":  # (the default may decline every step: nothing drafted)
+            least = 0 if s["name"] == "default" else 1
+            assert least <= len(s["per_position"]) <= s["n_max"] and "vs_plain_range" in s
     assert out["memory"]["default"]["total"] > out["memory"]["plain"]["total"]
 
 
