@@ -35,6 +35,8 @@ import numpy as np
 from pyggspec.testing.hf_checkpoint import (
     ConvertJob,
     HFSpec,
+    _mat,
+    _vec,
     find_llamacpp_src,
     run_llamacpp_converter_jobs,
     write_hf_checkpoint,
@@ -119,14 +121,6 @@ class VisionSpec:
             "spatial_merge_size": self.spatial_merge_size,
             "temporal_patch_size": self.temporal_patch_size,
         }
-
-
-def _mat(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-
-def _vec(rng: np.random.Generator, n: int, scale: float = 0.1, loc: float = 0.0) -> np.ndarray:
-    return (loc + scale * rng.standard_normal(n)).astype(np.float32)
 
 
 def vision_weights(vs: VisionSpec, text_hidden: int, seed: int = 0) -> dict[str, np.ndarray]:
