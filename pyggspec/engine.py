@@ -29,7 +29,7 @@ from pyggspec.assemble import Parts, assemble
 from pyggspec.config import EngineConfig, SpecConfig
 from pyggspec.errors import PyggspecError
 from pyggspec.modelfile.identity import model_identity
-from pyggspec.models.batch import StepResult
+from pyggspec.models.batch import MediaRows, StepResult
 from pyggspec.sampling import SamplingParams
 from pyggspec.sampling.grammar import GrammarSpec, grammar_spec
 from pyggspec.serving.request import (
@@ -297,10 +297,12 @@ class Engine:
 
     # --- low-level evaluation ---------------------------------------------------------------
     def decode(self, batch: Mapping[int, Sequence[int]], logits: str = "last",
-               hidden: bool = False) -> dict[int, StepResult]:
+               hidden: bool = False, media: Mapping[int, MediaRows] | None = None
+               ) -> dict[int, StepResult]:
         """Append tokens to several sequences at once; logits ``"last"`` or ``"all"`` rows
-        (:meth:`Worker.decode <pyggspec.worker.Worker.decode>`)."""
-        return self.worker.decode(batch, logits, hidden)
+        (:meth:`Worker.decode <pyggspec.worker.Worker.decode>`; ``media``: image rows,
+        :func:`pyggspec.vision.rows.prompt_rows`)."""
+        return self.worker.decode(batch, logits, hidden, media)
 
     def decode_token(self, seq_id: int, token: int) -> np.ndarray:
         """Decode one token for one sequence and return its logits row (a copy); outside

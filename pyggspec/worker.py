@@ -34,7 +34,14 @@ import numpy as np
 from pyggspec.errors import PyggspecError
 from pyggspec.memory import slotfile
 from pyggspec.memory.slots import SlotMemory
-from pyggspec.models.batch import StepResult, UBatch, chunk_group, padded_rows
+from pyggspec.models.batch import (
+    MediaRows,
+    StepResult,
+    UBatch,
+    chunk_group,
+    media_inputs,
+    padded_rows,
+)
 from pyggspec.sampling.host import chain_distribution
 from pyggspec.sampling.logprobs import chain_logprobs, raw_logprobs
 from pyggspec.serving.prefix_cache import common_prefix
@@ -85,6 +92,10 @@ class Worker:
         self.snapshot = parts.rollback == "snapshot"
         self._plain_ubs: dict[int, UBatch] = {}
         self._step_ubs: dict[int, UBatch] = {}
+        # image rows: each slot's cells less its RoPE position (an image of n rows advances
+        # the position by fewer), and the media of the prompt a slot is taking in
+        self._shift = np.zeros(self.n_parallel, np.int64)
+        self._media: dict[int, MediaRows] = {}
 
     # --- one scheduled step ------------------------------------------------------------
     def run(self, batch: Batch) -> StepOutput:
@@ -473,6 +484,8 @@ class Worker:
     def clear(self, slot: int) -> None:
         self.check_slot(slot)
         self.memory.clear(slot)
+        self._shift[slot] = 0
+        self._media.pop(slot, None)
         if self.drafter is not None:
             self.drafter.forget(slot)
 
@@ -480,6 +493,7 @@ class Worker:
         self.check_slot(src)
         self.check_slot(dst)
         self.memory.copy(src, dst)
+        self._shift[dst] = self._shift[src]
         self._set_carry(dst, self.mtp_drafter.state(src) if self.mtp_drafter else None)
 
     # --- slot files (llama-server's slot save / restore) ------------------------------
@@ -522,23 +536,31 @@ class Worker:
 
     # --- low-level evaluation (Engine.decode / eval / step) ---------------------------------
     def decode(self, batch: Mapping[int, Seq[int]], logits: str = "last",
-               hidden: bool = False) -> dict[int, StepResult]:
+               hidden: bool = False, media: Mapping[int, MediaRows] | None = None
+               ) -> dict[int, StepResult]:
         """Append tokens to several sequences at once; logits ``"last"`` or ``"all"`` rows.
 
         Sequences are grouped into ubatches of equal length (B sequences x T tokens), at
         most ``n_ubatch`` tokens each, in slot order, never across a sequence's logical
-        batch (-b) boundary.
+        batch (-b) boundary. ``media[seq]``: the sequence's tokens include image rows
+        (:data:`~pyggspec.models.batch.EMBD_ROW` ids; their embeddings and positions there).
         """
         if logits not in ("last", "all"):
             raise ValueError("logits must be 'last' or 'all'")
         mem = self.memory
+        media = dict(media or {})
         pending: dict[int, np.ndarray] = {}
         for seq, toks in batch.items():
             self.check_slot(seq)
             arr = np.asarray(toks, dtype=np.int32).reshape(-1)
             if arr.size == 0:
                 continue
-            if arr.min() < 0 or arr.max() >= self.n_vocab:
+            m = media.get(seq)
+            if m is not None and (m.n_rows != arr.size or not np.array_equal(arr < 0, m.is_embd)):
+                raise PyggspecError(None, f"sequence {seq}: the media rows do not match the "
+                                    "tokens' image rows")
+            text = arr[arr >= 0] if m is not None else arr
+            if text.size and (text.min() < 0 or text.max() >= self.n_vocab):
                 raise PyggspecError(None, f"sequence {seq}: token id out of range 0.."
                                     f"{self.n_vocab - 1}")
             if mem.length(seq) + arr.size > self.n_ctx:
@@ -547,6 +569,7 @@ class Worker:
         out_logits: dict[int, list[np.ndarray]] = {s: [] for s in pending}
         out_hidden: dict[int, list[np.ndarray]] = {s: [] for s in pending}
         done = dict.fromkeys(pending, 0)
+        base = {s: mem.length(s) - int(self._shift[s]) for s in media if s in pending}
         while True:
             left = {s: a.size - done[s] for s, a in pending.items() if a.size > done[s]}
             if not left:
@@ -561,7 +584,11 @@ class Worker:
                                     if done[s] + T == pending[s].size], dtype=np.int32)
                 if outputs.size == 0:
                     outputs = np.array([T - 1], dtype=np.int32)  # keep the graph well-formed
-            res = self.target.run(UBatch(tokens, pos0, tuple(seqs), outputs, hidden))
+            ub = UBatch(tokens, pos0, tuple(seqs), outputs, hidden)
+            if base or self._shift[list(seqs)].any():
+                media_inputs(ub, [(media[s], done[s], base[s]) if s in base else None
+                                  for s in seqs], self._shift[list(seqs)])
+            res = self.target.run(ub)
             rows = {int(r): i for i, r in enumerate(outputs)}
             for i, s in enumerate(seqs):
                 mem.commit(s, tokens[i])
@@ -572,6 +599,8 @@ class Worker:
                 if hidden and res.hidden is not None:
                     out_hidden[s].append(res.hidden[i * T:(i + 1) * T])
                 done[s] += T
+                if s in base and done[s] == pending[s].size:
+                    self._shift[s] += media[s].shift
         return {s: StepResult(np.concatenate(out_logits[s]) if out_logits[s] else
                               np.zeros((0, self.n_vocab), np.float32),
                               np.concatenate(out_hidden[s]) if hidden else None)

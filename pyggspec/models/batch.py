@@ -62,10 +62,19 @@ def chunk_group(left: Mapping[K, int], offset: Mapping[K, int], n_ubatch: int,
 
 @dataclass
 class UBatch:
-    """B sequences x T tokens each; ``outputs`` marks which flat rows need logits."""
+    """B sequences x T rows each; ``outputs`` marks which flat rows need logits.
 
-    tokens: np.ndarray  # int32 [B, T]
-    pos0: np.ndarray  # int64 [B]: position of each sequence's first token here
+    A row is a token (its id in ``tokens``) or, where ``embd_rows`` is set, an embedding row
+    given in place of the token's (an image row: the projector's output). Rows are KV
+    cells: row t of sequence b goes to cell ``pos0[b] + t`` of its slot and sees the cells
+    before it (llama.cpp's mask for image rows too: its M-RoPE mask orders an image's rows
+    by (y, x), which is row order). Their RoPE positions are the cells' own, less
+    ``rope_shift[b]`` (text after images: an image of n rows advances the position by
+    fewer, ``pyggspec.vision.positions``), or given row by row in ``rope_pos``.
+    """
+
+    tokens: np.ndarray  # int32 [B, T] (an embedding row's id is not read)
+    pos0: np.ndarray  # int64 [B]: KV cell of each sequence's first row here
     slots: tuple[int, ...]
     outputs: np.ndarray  # int32 [n_out]: flat indices (b*T + t) that need logits
     hidden: bool = False
@@ -76,6 +85,11 @@ class UBatch:
     snapshots: bool = False
     sampling: int = 0  # sampling plan id (Target.register_plan); 0: logits come back
     rows: list | None = None  # RowInput per output row, for the device sampling prefix
+    # embedding rows: float32 [B * T, n_embd], read where embd_rows (bool [B * T]) is set
+    embd: np.ndarray | None = None
+    embd_rows: np.ndarray | None = None
+    rope_pos: np.ndarray | None = None  # int32 [4, B * T]: (t, y, x, z) per row, sectioned
+    rope_shift: np.ndarray | None = None  # int64 [B]: cell - RoPE position of text rows
 
 
 @dataclass
@@ -85,3 +99,81 @@ class StepResult:
     ids: np.ndarray | None = None  # int32 [n_out]: tokens chosen by the sampler chain
 
 
+
+
+EMBD_ROW = -1  # a prompt's token id for a row given as an embedding (llama.cpp's LLAMA_TOKEN_NULL)
+
+
+@dataclass(frozen=True)
+class MediaRows:
+    """The embedding rows of one prompt (its images) and every row's RoPE position.
+
+    The prompt's token list holds :data:`EMBD_ROW` at the rows given here as embeddings;
+    ``pos`` is every row's (t, y, x, z) position counted from the prompt's first position
+    (``pyggspec.vision.positions``: the evaluator adds the sequence's position there);
+    ``n_pos``: the position after the last row, from the same origin. A row past those of
+    the prompt (a generated token) sits at its cell less ``len(pos[0]) - n_pos``."""
+
+    embd: np.ndarray  # float32 [n_embd_rows, n_embd]: the embedding rows in row order
+    is_embd: np.ndarray  # bool [n_rows]
+    pos: np.ndarray  # int32 [4, n_rows]
+    n_pos: int
+
+    def __post_init__(self) -> None:
+        n = self.is_embd.shape[0]
+        if self.pos.shape != (4, n):
+            raise ValueError(f"positions {self.pos.shape} for {n} rows")
+        if int(self.is_embd.sum()) != self.embd.shape[0]:
+            raise ValueError(f"{self.embd.shape[0]} embedding rows for "
+                             f"{int(self.is_embd.sum())} marked rows")
+        object.__setattr__(self, "_index", np.cumsum(self.is_embd) - 1)
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.is_embd.shape[0])
+
+    @property
+    def shift(self) -> int:
+        """Cells minus positions after the prompt (what the rows after it are shifted by)."""
+        return self.n_rows - self.n_pos
+
+    def rows(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows a..b-1: (bool [b-a] which are embeddings, their float32 rows [b-a, n_embd],
+        zero where a row is a token)."""
+        m = self.is_embd[a:b]
+        out = np.zeros((b - a, self.embd.shape[1]), np.float32)
+        out[m] = self.embd[self._index[a:b][m]]  # type: ignore[attr-defined]
+        return m, out
+
+
+def media_inputs(ub: UBatch, parts: list[tuple[MediaRows, int, int] | None],
+                 shift: np.ndarray) -> None:
+    """Give ``ub`` its embedding rows and row-by-row positions: sequence b takes rows
+    ``a..a+T-1`` of ``parts[b] = (media, a, base)`` (positions from ``base``, the
+    sequence's position at the media's first row), or is text at its cells less
+    ``shift[b]`` (None). Embedding rows' ids become 0 (a row the graph does not read)."""
+    B, T = ub.tokens.shape
+    rope = np.zeros((4, B * T), np.int32)
+    mask = np.zeros(B * T, bool)
+    width = next((p[0].embd.shape[1] for p in parts if p is not None), 0)
+    embd = None
+    for b, p in enumerate(parts):
+        sl = slice(b * T, (b + 1) * T)
+        if p is None:
+            rope[:3, sl] = int(ub.pos0[b]) - int(shift[b]) + np.arange(T)
+            continue
+        m, a, base = p
+        if a + T > m.n_rows:
+            raise ValueError(f"rows {a}..{a + T - 1} past the {m.n_rows} media rows")
+        rope[:, sl] = m.pos[:, a:a + T]
+        rope[:3, sl] += base
+        e, rows = m.rows(a, a + T)
+        if e.any():
+            if embd is None:
+                embd = np.zeros((B * T, width), np.float32)
+            mask[sl] = e
+            embd[sl] = rows
+    ub.rope_pos = rope
+    if embd is not None:
+        ub.embd, ub.embd_rows = embd, mask
+    ub.tokens = np.maximum(ub.tokens, 0)  # a copy: the caller commits its own ids

@@ -197,6 +197,7 @@ class CausalInputs:
         self._visible = np.zeros((B, T, n_kv), bool)
         self._slot = np.zeros((B, 1), np.int64)
         self._slots: tuple | None = None
+        self._z = False  # section 3 holds given positions (not all 0)
 
     def bindings(self) -> list[HostBinding]:
         out = [HostBinding(self.pos, self._pos), HostBinding(self.mask, self._mask),
@@ -205,13 +206,25 @@ class CausalInputs:
             out.append(HostBinding(self.kv_rows, self._kv_rows))
         return out
 
-    def fill(self, pos0: np.ndarray, slots: tuple[int, ...]) -> None:
-        """Token t of sequence b sits at pos0[b] + t and sees its slot's cells 0..its
-        position."""
+    def fill(self, pos0: np.ndarray, slots: tuple[int, ...], rope: np.ndarray | None = None,
+             shift: np.ndarray | None = None) -> None:
+        """Row t of sequence b sits in cell pos0[b] + t and sees its slot's cells 0..that
+        cell. Its RoPE position is the cell's, less ``shift[b]`` (text after images), or
+        given: ``rope`` int32 [4, B*T], sectioned (t, y, x, z) per row (image rows)."""
         S = self.S
         pos = self._p
         np.add(pos0[:, None], self._t[None, :], out=pos)  # [B, T]
-        self._pos[:3] = pos.reshape(-1)  # M-RoPE: (p, p, p, 0) per token, sectioned
+        if rope is not None:
+            self._pos[:] = rope
+            self._z = True
+        else:
+            if shift is None:
+                self._pos[:3] = pos.reshape(-1)  # M-RoPE: (p, p, p, 0) per token, sectioned
+            else:
+                self._pos[:3] = (pos - shift[:, None]).reshape(-1)
+            if self._z:  # section 3 was written by a row-by-row fill
+                self._pos[3] = 0
+                self._z = False
         if slots != self._slots:  # only when the slots change
             self._slots = tuple(slots)
             self._slot[:, 0] = slots

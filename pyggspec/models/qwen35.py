@@ -39,6 +39,7 @@ class UBatchShape:
     # token, written to the state arena: speculative rollback)
     n_write: int = 1
     sampling: int = 0  # id of the sampling plan whose device prefix runs in the graph (0: none)
+    embd: bool = False  # some rows are embeddings given in place of tokens (image rows)
 
 
 def kv_window(max_pos_end: int, n_ctx: int) -> int:
@@ -69,8 +70,13 @@ class TargetGraph:
             rec_in = RecurrentInputs(self.src_rows, self.dst_rows, shape.n_write,
                                      self.kept if keep else None)
 
-            x = b.cb(ctx.get_rows(weights.get("token_embd.weight"), self.tokens),
-                     "model.input_embed")
+            x = ctx.get_rows(weights.get("token_embd.weight"), self.tokens)
+            self.embd = self.embd_sel = None
+            if shape.embd:  # row i: token row i, or embedding row i (index n_tok + i)
+                self.embd = ctx.input("f32", (hp.n_embd, n_tok), "inp_embd")
+                self.embd_sel = ctx.input("i32", (n_tok,), "inp_embd_sel")
+                x = ctx.get_rows(ctx.concat(x, self.embd, 1), self.embd_sel)
+            x = b.cb(x, "model.input_embed")
             for il in range(hp.n_layer):
                 inp_sa = x
                 cur = b.cb(layers.rms_norm(b, x, b.w("attn_norm.weight", il)), "attn_norm", il)
@@ -122,6 +128,10 @@ class TargetGraph:
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
                         if self.sampling is None else None)  # sampling: made on a failure
         self._hidden = (np.zeros((n_tok, h.ne[0]), dtype=np.float32) if shape.hidden else None)
+        if shape.embd:
+            self._embd = np.zeros((n_tok, hp.n_embd), dtype=np.float32)
+            self._embd_sel = np.zeros(n_tok, dtype=np.int32)
+            self._rows = np.arange(n_tok, dtype=np.int32)
 
     def _bind(self) -> None:
         """Pair tensors with host arrays; needs the graph allocated (done on first use)."""
@@ -131,6 +141,8 @@ class TargetGraph:
             ins.append(HostBinding(self.dst_rows, self._dst))
         if self.out_ids is not None:
             ins.append(HostBinding(self.out_ids, self._out_ids))
+        if self.embd is not None:
+            ins += [HostBinding(self.embd, self._embd), HostBinding(self.embd_sel, self._embd_sel)]
         self._inputs = ins
         self._logits_out = (HostBinding(self.logits, self._logits) if self.sampling is None
                             else None)
@@ -141,7 +153,11 @@ class TargetGraph:
         if not self._bound:
             self._bind()
         self._tokens[:] = ub.tokens.reshape(-1)
-        self.causal.fill(ub.pos0, ub.slots)
+        if self.embd is not None:
+            self._embd[:] = ub.embd
+            np.add(self._rows, np.where(ub.embd_rows, self._rows.size, 0), out=self._embd_sel,
+                   casting="unsafe")
+        self.causal.fill(ub.pos0, ub.slots, ub.rope_pos, ub.rope_shift)
         self._src[:] = ub.state_src
         if self.dst_rows is not None:
             self._dst[:] = ub.state_dst[0]
@@ -221,7 +237,7 @@ class Target(GraphRunner):
         end = int((ub.pos0 + T).max())
         n_write = T if ub.snapshots and T > 1 else 1
         return UBatchShape(T, B, kv_window(end, self.kv.n_ctx), len(ub.outputs), ub.hidden,
-                           n_write, ub.sampling)
+                           n_write, ub.sampling, ub.embd_rows is not None)
 
     def run(self, ub: UBatch, copy: bool = True) -> StepResult:
         """Evaluate one ubatch. ``copy=False`` returns arrays the next step overwrites.

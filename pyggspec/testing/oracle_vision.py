@@ -32,6 +32,7 @@ class ImagePromptResult:
     n_past: int  # the position after the prompt
     n_rows: int  # KV rows the prompt filled (text tokens + image rows)
     greedy: list[int]  # greedy continuation (n_new tokens)
+    greedy_logits: np.ndarray | None = None  # float32 [n_new, n_vocab]: after each of them
 
 
 def image_prompt(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], prompt: str,
@@ -64,11 +65,14 @@ def image_prompt(model: str | os.PathLike[str], mmproj: str | os.PathLike[str], 
             assert last is not None
             logits = last.copy()
             out: list[int] = []
+            rows: list[np.ndarray] = []
             nxt = last
             for _ in range(n_new):
                 t = int(np.argmax(nxt))
                 out.append(t)
                 nxt = oc.eval([t], logits_all=False)[0]
-            return ImagePromptResult(logits, n_past, n_rows, out)
+                rows.append(nxt.copy())
+            return ImagePromptResult(logits, n_past, n_rows, out,
+                                     np.array(rows, np.float32).reshape(n_new, logits.size))
         finally:
             ctx.close()
