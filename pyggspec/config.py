@@ -118,6 +118,8 @@ class EngineConfig:
     comments). Frozen: a running engine's settings never change under it."""
 
     mtp_path: str | None = None  # -md / --spec-draft-model: MTP-only sidecar GGUF
+    mmproj: str | None = None  # -mm / --mmproj: vision projector GGUF (image inputs)
+    mmproj_offload: bool = True  # --no-mmproj-offload: encode images on the CPU
     # context and batching
     n_ctx: int = 4096  # -c (0: the model's training context, as llama.cpp's -c 0)
     n_parallel: int = 1  # -np
@@ -188,6 +190,8 @@ class EngineConfig:
         set_(self, "fit_target", target)
         if self.mtp_path is not None:
             set_(self, "mtp_path", os.fspath(self.mtp_path))
+        if self.mmproj is not None:
+            set_(self, "mmproj", os.fspath(self.mmproj))
 
     @property
     def spec_types(self) -> tuple[str, ...]:

@@ -151,6 +151,14 @@ class Engine:
 
                 self.tokenizer = Tokenizer(self.model_path)
                 self._parts.closers.append(self.tokenizer)
+            self.projector = None  # the vision projector (mmproj=): image inputs
+            if cfg.mmproj is not None:
+                from pyggspec.vision.projector import Projector
+
+                self.projector = Projector(cfg.mmproj, self.tokenizer or self.model_path,
+                                           offload=cfg.mmproj_offload,
+                                           n_threads=cfg.threads)
+                self._parts.closers.append(self.projector)
             self.scheduler = Scheduler(
                 self.worker, SchedulerLimits(
                     self.n_ctx, self.n_vocab, cfg.n_parallel, cfg.n_ubatch, cfg.n_batch,
@@ -318,24 +326,50 @@ class Engine:
         """Queue a :class:`~pyggspec.serving.request.Request` (see ``scheduler``)."""
         return self.scheduler.submit(request)
 
+    def image_rows(self, prompt: str, images: Sequence[bytes | str | os.PathLike]):
+        """``prompt`` with its images as the trunk takes them
+        (:class:`~pyggspec.vision.rows.PromptRows`): one ``<__media__>`` marker per image
+        places it (no marker: the images go first); each image is bytes or a file path."""
+        if self.projector is None:
+            raise PyggspecError("--mmproj", "an image needs the model's vision projector: "
+                                "load it with --mmproj FILE (mmproj= in the engine config)")
+        if not isinstance(prompt, str):
+            raise PyggspecError(None, "a prompt with images must be text (token ids cannot "
+                                "say where the images go)")
+        from pyggspec.vision.rows import prompt_rows
+
+        p = self.projector
+        imgs = [p.image(bytes(im)) if isinstance(im, (bytes, bytearray, memoryview))
+                else p.load_image(im) for im in images]
+        return prompt_rows(p, prompt, imgs)
+
     def _submit_all(self, prompts: Sequence[str | Sequence[int]],
                     max_tokens: int | Sequence[int], ignore_eos: bool,
-                    sampling: SamplingParams | None, **kw) -> list[RequestHandle]:
+                    sampling: SamplingParams | None,
+                    images: Sequence[Sequence[Any] | None] | None = None,
+                    **kw) -> list[RequestHandle]:
         """Validate every prompt first (nothing is queued when one is bad), then queue them;
         with no more prompts than slots, prompt i runs in slot i. ``max_tokens``: for all,
-        or per prompt."""
+        or per prompt; ``images``: per prompt (None or empty: none)."""
         from pyggspec.serving.request import RequestError
 
         limits = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else max_tokens
         if min(limits, default=0) < 0:
             raise PyggspecError("-n", f"must be >= 0, got {min(limits)}")
+        if images is not None and len(images) != len(prompts):
+            raise PyggspecError(None, f"{len(images)} image lists for {len(prompts)} prompts")
         sched = self.scheduler
         pin = len(prompts) <= self.n_parallel
         reqs = []
         for i, (p, limit) in enumerate(zip(prompts, limits, strict=True)):
-            ids = self.tokenize(p) if isinstance(p, str) else p
+            media = None
+            if images is not None and images[i]:
+                rows = self.image_rows(p, images[i])  # type: ignore[arg-type]
+                ids, media = rows.tokens, rows.media
+            else:
+                ids = self.tokenize(p) if isinstance(p, str) else p
             req = Request(ids, max_tokens=limit, sampling=sampling, ignore_eos=ignore_eos,
-                          slot=i if pin else None, **kw)
+                          slot=i if pin else None, media=media, **kw)
             try:
                 req.prompt = sched.validate(req)
             except RequestError as err:
@@ -347,12 +381,14 @@ class Engine:
                ignore_eos: bool = False, sampling: SamplingParams | None = None,
                logprobs: int | None = None, post_sampling_probs: bool = False,
                grammar: str | GrammarSpec | None = None,
-               json_schema: Mapping[str, Any] | str | None = None) -> Stream:
+               json_schema: Mapping[str, Any] | str | None = None,
+               images: Sequence[bytes | str | os.PathLike] | None = None) -> Stream:
         """Generate for one prompt, one :class:`Piece` (token id + text, and its
-        log-probabilities with ``logprobs``; ``grammar`` / ``json_schema``: see
-        :meth:`generate`) at a time, with the engine's sampling and speculation settings
-        (see :class:`Stream`)."""
+        log-probabilities with ``logprobs``; ``grammar`` / ``json_schema`` / ``images``:
+        see :meth:`generate`) at a time, with the engine's sampling and speculation
+        settings (see :class:`Stream`)."""
         (h,) = self._submit_all([prompt], max_tokens, ignore_eos, sampling,
+                                images=[images] if images else None,
                                 logprobs=logprobs, post_sampling_probs=post_sampling_probs,
                                 grammar=grammar_spec(grammar, json_schema))
         return Stream(self, h)
@@ -362,9 +398,12 @@ class Engine:
                        sampling: SamplingParams | None = None, logprobs: int | None = None,
                        post_sampling_probs: bool = False,
                        grammar: str | GrammarSpec | None = None,
-                       json_schema: Mapping[str, Any] | str | None = None) -> Generation:
+                       json_schema: Mapping[str, Any] | str | None = None,
+                       images: Sequence[Sequence[bytes | str | os.PathLike] | None] | None = None
+                       ) -> Generation:
         """Generate for several prompts at once, in shared batches (one slot each; more
-        prompts than slots wait for a free one).
+        prompts than slots wait for a free one). ``images``: each prompt's images (see
+        :meth:`generate`), or None.
 
         With ``spec_type="draft-mtp"`` every sequence speculates with its own drafts and
         acceptance; ``on_tokens(index, tokens)`` is called as tokens are emitted. Returns
@@ -373,7 +412,7 @@ class Engine:
         gets the same constraint).
         """
         t0 = time.perf_counter()
-        handles = self._submit_all(prompts, max_tokens, ignore_eos, sampling,
+        handles = self._submit_all(prompts, max_tokens, ignore_eos, sampling, images=images,
                                    logprobs=logprobs, post_sampling_probs=post_sampling_probs,
                                    grammar=grammar_spec(grammar, json_schema))
         if on_tokens is not None:
@@ -412,9 +451,16 @@ class Engine:
                  ignore_eos: bool = False, sampling: SamplingParams | None = None,
                  logprobs: int | None = None, post_sampling_probs: bool = False,
                  grammar: str | GrammarSpec | None = None,
-                 json_schema: Mapping[str, Any] | str | None = None) -> Result:
+                 json_schema: Mapping[str, Any] | str | None = None,
+                 images: Sequence[bytes | str | os.PathLike] | None = None) -> Result:
         """Generate for one prompt and return its result (text, tokens, timings, ``spec``:
         its speculation counts).
+
+        ``images`` (bytes or file paths) need the engine's projector (``mmproj=``); each
+        ``<__media__>`` marker in the text prompt places the next image, and without a
+        marker they go first (llama-mtmd-cli's rules). The image rows are prefilled like
+        text (chunked by -ub / -b), at llama.cpp's M-RoPE positions. Such a request decodes
+        without drafts for now (the MTP head does not take image rows yet).
 
         ``logprobs=k`` (llama-server's ``n_probs``) fills ``result.logprobs``: per emitted
         token its log-probability and the k most likely tokens at its position, from the
@@ -431,7 +477,8 @@ class Engine:
         return self.generate_batch([prompt], max_tokens, ignore_eos, sampling=sampling,
                                    logprobs=logprobs,
                                    post_sampling_probs=post_sampling_probs,
-                                   grammar=grammar, json_schema=json_schema)[0]
+                                   grammar=grammar, json_schema=json_schema,
+                                   images=[images] if images else None)[0]
 
     def create_completion(self, prompt: str | Sequence[int], **kw) -> dict | Iterator[dict]:
         """llama-cpp-python's ``Llama.create_completion`` (same arguments and dict shapes;

@@ -64,6 +64,13 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("pyggspec.worker")
 
 
+def _first_embd_row(tokens: Seq[int]) -> int:
+    """Index of the first image row (an EMBD_ROW id) in ``tokens``; len(tokens) if none."""
+    if not tokens or min(tokens) >= 0:
+        return len(tokens)
+    return next(i for i, t in enumerate(tokens) if t < 0)
+
+
 class Worker:
     """Runs batches on the engine's graphs; the only code that moves the slots' memory.
 
@@ -138,10 +145,18 @@ class Worker:
         # pairs); the n-gram kinds read the committed tokens when they draft
         warm = (any(c.warm for c in chunks) and self.drafter is not None
                 and self.drafter.needs_hidden)
-        res = self.target.run(UBatch(tokens, np.array([c.pos0 for c in chunks], np.int64),
-                                     tuple(c.slot for c in chunks), outputs, warm), copy=False)
+        ub = UBatch(tokens, np.array([c.pos0 for c in chunks], np.int64),
+                    tuple(c.slot for c in chunks), outputs, warm)
+        media = self._media
+        slots = [c.slot for c in chunks]
+        if media.keys() & set(slots) or self._shift[slots].any():  # image rows, or after them
+            media_inputs(ub, [(media[c.slot], c.pos0, 0) if c.slot in media else None
+                              for c in chunks], self._shift[slots])
+        res = self.target.run(ub, copy=False)
         for c in chunks:
             self.memory.commit(c.slot, c.tokens)
+            if c.last and c.slot in media:  # text after the prompt: its shifted positions
+                self._shift[c.slot] = media.pop(c.slot).shift
         n_mtp = 0
         if warm:
             h = res.hidden.reshape(B, T, -1)
@@ -192,6 +207,7 @@ class Worker:
             pos0[b] = mem.length(it.slot)
             src[b] = mem.state_row(it.slot)
         ub.slots = tuple(it.slot for it in items)
+        ub.rope_shift = self._shift[list(ub.slots)] if self._shift.any() else None
         want = any(it.logprobs is not None for it in items)
         ub.sampling = plan = 0 if want else samplers.plan_id(B, 1, ub.slots)
         ub.rows = samplers.rows([(it.slot, ()) for it in items]) if plan else None
@@ -427,11 +443,18 @@ class Worker:
         return ub, planes, prefixes
 
     # --- slots -------------------------------------------------------------------------
-    def begin(self, slot: int, prompt: list[int], params, reuse: bool, spec: bool) -> int:
+    def begin(self, slot: int, prompt: list[int], params, reuse: bool, spec: bool,
+              media: MediaRows | None = None) -> int:
         """A new request in ``slot``: continue from the slot's cache where the prompt
         allows (the committed tokens, else the newest checkpoint inside the common prefix)
-        and start its sampler chain. Returns the prompt tokens reused."""
+        and start its sampler chain. ``media``: the prompt's image rows (its EMBD_ROW ids).
+        Returns the prompt tokens reused."""
         start = self._resume(slot, prompt, reuse, spec)
+        self._shift[slot] = 0  # nothing past the first image row is reused (_resume)
+        self._media.pop(slot, None)
+        if media is not None:
+            self._media[slot] = media
+            prompt = [t for t in prompt if t >= 0]  # image rows are no tokens to penalise
         self.samplers.start(slot, prompt, params)
         if spec and self.drafter is not None:
             self.drafter.begin(slot, prompt)
@@ -442,6 +465,8 @@ class Worker:
         its cache holds the same positions (the carry-over, checkpoints keep it)."""
         mem, mtp = self.memory, self.mtp_drafter if spec else None
         c = min(common_prefix(mem.tokens(slot), prompt) if reuse else 0, len(prompt) - 1)
+        # image rows are not reused yet: their ids (EMBD_ROW) do not say which image
+        c = min(c, _first_embd_row(prompt), _first_embd_row(mem.tokens(slot)))
         start, carry = 0, None
         if c > 0:
             if mtp is not None:
@@ -501,6 +526,9 @@ class Worker:
         """Write ``slot``'s whole state (memory, and the MTP head's carry-over when it
         drafts) to ``path``. Returns (tokens saved, bytes written)."""
         self.check_slot(slot)
+        if _first_embd_row(self.memory.tokens(slot)) < self.memory.length(slot):
+            raise PyggspecError(None, f"slot {slot} holds image rows: slot files do not "
+                                "keep them yet")
         d = self.mtp_drafter
         sf = self.memory.export_state(slot, identity, d.state(slot) if d else None, d)
         return self.memory.length(slot), slotfile.write(path, sf)
@@ -624,6 +652,7 @@ class Worker:
             self._step_ubs[slot] = ub
         ub.tokens[0, 0] = token
         ub.pos0[0] = n
+        ub.rope_shift = self._shift[slot:slot + 1] if self._shift[slot] else None
         ub.state_src[0] = ub.state_dst[0, 0] = self.memory.state_row(slot)
         # a copy: on the CPU the graph's logits are read in place (valid until the next
         # graph), and a caller may keep this row past it, even past close()

@@ -162,6 +162,13 @@ def _grammar_option(grammar: str | None, grammar_file: Path | None, json_schema:
               help="Constrain the output to JSON matching this JSON schema.")
 @click.option("-jf", "--json-schema-file", type=click.Path(path_type=Path, dir_okay=False),
               default=None, help="Read the JSON schema from a file.")
+@click.option("-mm", "--mmproj", "mmproj_path", type=click.Path(path_type=Path), default=None,
+              help="Vision projector GGUF (convert_hf_to_gguf.py --mmproj) for --image.")
+@click.option("--image", "images", multiple=True, type=click.Path(path_type=Path),
+              help="Image file for the prompt (repeat for several); each <__media__> in the "
+              "prompt places the next one, without a marker they go first. Needs --mmproj.")
+@click.option("--no-mmproj-offload", "no_mmproj_offload", is_flag=True,
+              help="Encode images on the CPU (default: the projector's GPU device, if any).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
 @llama_flags("run")
 @engine_config
@@ -169,7 +176,9 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         prompt_file: Path | None, prompt_tokens: str | None, chat: bool,
         system_prompt: str | None, n_predict: int, rpc: str | None, ignore_eos: bool,
         grammar: str | None, grammar_file: Path | None, json_schema: str | None,
-        json_schema_file: Path | None, as_json: bool, fit_print: bool = False) -> None:
+        json_schema_file: Path | None, as_json: bool, mmproj_path: Path | None = None,
+        images: tuple[Path, ...] = (), no_mmproj_offload: bool = False,
+        fit_print: bool = False) -> None:
     """Generate text from MODEL, optionally with MTP speculative decoding.
 
     Sampling follows llama.cpp's flags and defaults (--temp 0.8 ...; --temp 0 is greedy).
@@ -185,6 +194,16 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         texts.append(prompt_file.read_text())
     if ids is None and not texts:
         raise click.UsageError("give a prompt with -p, -f or --prompt-tokens")
+    if images and mmproj_path is None:
+        raise PyggspecError("--image", "an image needs the model's vision projector: give "
+                            "it with --mmproj FILE")
+    if images and ids is not None:
+        raise PyggspecError("--image", "needs a text prompt (-p or -f), not --prompt-tokens")
+    for img in images:
+        if not img.is_file():
+            raise PyggspecError(img, "no such file" if not img.exists() else "not a file")
+    if mmproj_path is not None:
+        config = config.replace(mmproj=str(mmproj_path), mmproj_offload=not no_mmproj_offload)
     demo = False
     if model is None:
         if not config.speculative:
@@ -215,7 +234,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
                             if system_prompt else [])
                     msgs.append({"role": "user", "content": text})
                     text = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)
-                inputs.append(engine.tokenize(text))
+                inputs.append(text if images else engine.tokenize(text))
         inputs = [inputs[i % len(inputs)] for i in range(n_parallel)]
         stream = None
         if not as_json and n_parallel == 1 and engine.tokenizer is not None:
@@ -231,7 +250,9 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         if n_predict < 0:  # -1/-2: the context bounds the output
             n_predict = engine.n_ctx
         results = engine.generate_batch(inputs, max_tokens=n_predict, ignore_eos=ignore_eos,
-                                        on_tokens=stream, grammar=constraint)
+                                        on_tokens=stream, grammar=constraint,
+                                        images=[list(images)] * len(inputs) if images
+                                        else None)
         if stream is not None:
             sys.stdout.write(detok.flush())
         memory = engine.memory()

@@ -98,6 +98,9 @@ class Request:
     post_sampling_probs: bool = False
     grammar: GrammarSpec | Grammar | None = None
     progress: bool = False
+    # image rows of the prompt (models.batch.MediaRows; Engine.image_rows makes both): the
+    # token ids hold EMBD_ROW (-1) at its rows
+    media: Any = None
 
 
 # --- what comes back ------------------------------------------------------------------------

@@ -208,7 +208,11 @@ class Scheduler:
                 toks = [int(t) for t in p]
             except (TypeError, ValueError):
                 raise RequestError("prompt must be text or a list of token ids") from None
-            bad = [t for t in toks if not 0 <= t < e.n_vocab]
+            m = req.media
+            if m is not None and (m.n_rows != len(toks)
+                                  or not np.array_equal(np.asarray(toks) < 0, m.is_embd)):
+                raise RequestError("the prompt's image rows do not match its media rows")
+            bad = [t for t in toks if not 0 <= t < e.n_vocab and not (m is not None and t < 0)]
             if bad:
                 raise RequestError(f"token id {bad[0]} out of range 0..{e.n_vocab - 1}")
         if not toks:
@@ -478,7 +482,9 @@ class Scheduler:
 
     def _begin(self, h: RequestHandle, slot: int) -> None:
         lim, req = self.limits, h.request
-        spec = lim.speculative and req.speculative is not False and req.n_draft_max != 0
+        # image prompts decode without drafts for now (the MTP head takes no image rows)
+        spec = (lim.speculative and req.speculative is not False and req.n_draft_max != 0
+                and req.media is None)
         tok = self.tokenizer
         is_stop = _never if req.ignore_eos or tok is None else tok.is_eog
         mt = req.max_tokens
@@ -499,7 +505,7 @@ class Scheduler:
         if isinstance(req.grammar, Grammar):  # the chain's first stage; its own matcher
             params = replace(params or self.worker.samplers.params, grammar=req.grammar)
         seq.n_cached = seq.n_done = owner.last_ckpt = self.worker.begin(
-            slot, seq.prompt, params, req.cache_prompt, spec)
+            slot, seq.prompt, params, req.cache_prompt, spec, media=req.media)
         report_progress(seq)
         owner.timings.cache_n = seq.n_cached
         with self._lock:

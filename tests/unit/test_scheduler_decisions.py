@@ -42,7 +42,7 @@ class FakeWorker:
         self.lengths = None  # fixed draft lengths (Worker's draft-length rule: none)
         self.drafter = None  # no MTP head (Worker.drafter: its drafter, or None)
 
-    def begin(self, slot, prompt, params, reuse, spec):
+    def begin(self, slot, prompt, params, reuse, spec, media=None):
         self.memory.toks[slot] = []
         return 0
 
