@@ -314,6 +314,8 @@ class ComputePlan:
     target_peaks: list[tuple[UBatchShape, SamplingPlan | None]] = field(default_factory=list)
     mtp_peaks: list[tuple[MtpShape, SamplingPlan | None]] = field(default_factory=list)
     steps: dict[str, int] = field(default_factory=dict)  # several devices: step schedulers
+    # the sampler graphs' shared constant per device (sampling.graph.SharedRevid)
+    sampling: dict[str, int] = field(default_factory=dict)
 
     def by_device(self) -> dict[str, int]:
         """The reserved buffers (``steps`` apart)."""
@@ -412,6 +414,7 @@ def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mappin
             stepped += [s for s in opts.target_shapes()
                         if spec and s.hidden and s.n_outputs == s.n_seqs * s.n_seq_tokens]
             graphs += _sampled(stepped, lambda r: sampling.plans(sampling.target_device, r))
+            _add_revid(plan, sampling, sampling.target_device, [p for _, p in graphs])
         sized = _size_all(_unique(graphs), target_sched,
                           lambda s, p: TargetGraph(hp, weights, states, states, s, p))
         plan.target, plan.target_peaks = _peaks(sized)
@@ -436,6 +439,7 @@ def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mappin
                 mgraphs += _sampled([replace(s, device_argmax=True) for s in opts.mtp_shapes()
                                      if s.n_chain == 1],
                                     lambda r: sampling.plans(sampling.draft_device, r))
+                _add_revid(plan, sampling, sampling.draft_device, [p for _, p in mgraphs])
             sized = _size_all(_unique(mgraphs), mtp_sched,
                               lambda s, p: MtpGraph(mh, w, mkv, s, p))
             plan.mtp, plan.mtp_peaks = _peaks(sized)
@@ -453,6 +457,16 @@ def size_compute(opts: GraphOptions, hp: HParams, weights, layer_devices: Mappin
         return plan
     finally:
         ph.close()
+
+
+def _add_revid(plan: ComputePlan, sampling: SamplingSizing, device: Device,
+               plans: list[SamplingPlan | None]) -> None:
+    """The shared V - id constant on ``device`` when a sampled graph picks its token there
+    (greedy or dist in the graph's part of the chain): one per device, target and MTP
+    graphs alike."""
+    if any(p is not None and p.device_stages and p.device_stages[-1].name in ("greedy", "dist")
+           for p in plans):
+        plan.sampling[device.name] = 4 * sampling.n_vocab
 
 
 def reserve_compute(plan: ComputePlan, target, mtp=None) -> None:

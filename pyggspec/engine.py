@@ -545,6 +545,8 @@ class Engine:
         ck = self.worker.memory.checkpoint_bytes()
         if ck:
             m.add("prompt_checkpoints", "host", ck)
-        if self.samplers.stats.buffer_bytes:
-            m.add("sampling", self.placement.output_device, self.samplers.stats.buffer_bytes)
+        from pyggspec.sampling.graph import SharedRevid
+
+        for dev, n in SharedRevid.bytes_on({b.device.name for b in self.backends}).items():
+            m.add("sampling", dev, n)
         return m.to_dict()

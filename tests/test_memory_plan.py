@@ -13,6 +13,7 @@ from pyggspec.cli import main
 from pyggspec.config import SpecConfig
 from pyggspec.engine import Engine
 from pyggspec.sampling import SamplingParams
+from pyggspec.sampling.graph import SharedRevid
 from pyggspec.testing import cached_model, qwen35_0_8b
 
 
@@ -153,6 +154,19 @@ def test_compute_buffers_never_grow(paths, make_engine, arch, n_ctx, n_par, ub, 
             e.generate_batch(prompts, max_tokens=12, ignore_eos=True, sampling=p)
             assert e.samplers.failed is None and e.samplers.stats.device_stages, p
             assert e.memory()["compute"] == planned, p
+            _check_shared_constants(e)
+    assert ("CPU", e.n_vocab) not in SharedRevid.live  # freed with the engine's graphs
+
+
+def _check_shared_constants(e: Engine) -> None:
+    """The sampler graphs' V - id constant: one per device, shared by every cached graph
+    (each kept a copy before), and inside the memory plan's "sampling" part."""
+    planned = e.memory_plan.to_dict().get("sampling", {})
+    got = e.memory().get("sampling", {})
+    assert planned.get("CPU") == 4 * e.n_vocab
+    assert got.get("CPU", 0) <= planned["CPU"]
+    live = SharedRevid.live.get(("CPU", e.n_vocab))
+    assert live is not None and live.users >= 2  # several graphs, one buffer
 
 
 def test_prediction_and_reservation_across_devices(paths, make_engine, rpc_device):

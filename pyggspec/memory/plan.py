@@ -218,7 +218,7 @@ def plan_engine_memory(cfg: EngineConfig, hp: HParams, n_vocab: int, placement: 
     ``compute``: ggml's sizing of the worst-case graphs (:func:`graph_options`), None for a
     rough estimate (``compute_estimated``).
     """
-    return plan_memory(hp, n_vocab, dict(weights_by_device), placement.layer_devices,
+    plan = plan_memory(hp, n_vocab, dict(weights_by_device), placement.layer_devices,
                        placement.output_device, n_ctx=planned_n_ctx(cfg, hp),
                        n_parallel=cfg.n_parallel, n_ubatch=cfg.n_ubatch, type_k=cfg.type_k,
                        type_v=cfg.type_v, spec_n_max=cfg.spec.n_max if cfg.speculative else 0,
@@ -226,6 +226,9 @@ def plan_engine_memory(cfg: EngineConfig, hp: HParams, n_vocab: int, placement: 
                        mtp_type_k=cfg.mtp_type_k, mtp_type_v=cfg.mtp_type_v,
                        mtp=cfg.uses_mtp, compute=compute.by_device() if compute is not None else None,
                        step_graphs=compute.steps if compute is not None else None)
+    for dev, n in (compute.sampling if compute is not None else {}).items():
+        plan.add("sampling", dev, n)
+    return plan
 
 
 def _padded(t: int) -> int:

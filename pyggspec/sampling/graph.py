@@ -4,8 +4,9 @@ what the graph hands back (ids, candidates or filtered logits)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -28,6 +29,55 @@ def build_stage(b: S.GraphBuilder, x: Tensor, st: S.Stage) -> Tensor | dict[str,
     return S.BUILDERS[st.name](b, x, st)
 
 
+class SharedRevid:
+    """V - id as f32 (:meth:`~pyggspec.sampling.stages.GraphBuilder.exact_argmax`'s weights)
+    on one device: one buffer for every sampler graph there, freed with its last user. Each
+    cached graph kept its own copy before (1 MiB at Qwen3.5's 248k vocabulary): device
+    memory that grew with the graphs cached, outside the memory plan."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    live: ClassVar[dict[tuple[str, int], SharedRevid]] = {}
+
+    def __init__(self, device, n_vocab: int) -> None:
+        self.key = (device.name, n_vocab)
+        self.ctx = Context(1)
+        self.tensor = self.ctx.new_tensor("f32", (n_vocab,), "smpl_revid")
+        try:
+            self.buf = Buffer.for_context(self.ctx, device, "sampling constants")
+        except BaseException:
+            self.ctx.close()
+            raise
+        self.tensor.set((n_vocab - np.arange(n_vocab)).astype(np.float32))
+        self.users = 0
+
+    @classmethod
+    def acquire(cls, device, n_vocab: int) -> SharedRevid:
+        with cls._lock:
+            r = cls.live.get((device.name, n_vocab))
+            if r is None:
+                r = cls.live[(device.name, n_vocab)] = cls(device, n_vocab)
+            r.users += 1
+            return r
+
+    @classmethod
+    def bytes_on(cls, devices: set[str]) -> dict[str, int]:
+        """Bytes of the live constants per device, for ``devices``."""
+        out: dict[str, int] = {}
+        with cls._lock:
+            for (dev, _), r in cls.live.items():
+                if dev in devices:
+                    out[dev] = out.get(dev, 0) + r.buf.size
+        return out
+
+    def release(self) -> None:
+        with self._lock:
+            self.users -= 1
+            if self.users == 0:
+                del self.live[self.key]
+                self.buf.close()
+                self.ctx.close()
+
+
 class DeviceSampling:
     """The sampler ops appended to a graph after its logits, with their inputs/outputs.
 
@@ -44,7 +94,7 @@ class DeviceSampling:
         self.failed: str | None = None
         self._const_ctx: Context | None = None
         self._const_buf: Buffer | None = None
-        self._revid: Tensor | None = None
+        self._revid: SharedRevid | None = None
         self._device_inputs: dict[str, Tensor] = {}
         self._grid: N.Grid | None = None  # the noise's id grid (dist in the graph)
         self._bound = False
@@ -74,26 +124,30 @@ class DeviceSampling:
             raise GraphError(f"sampling: {R} rows is not a multiple of {rows_per_seq} per seq")
         if plan.n_device == 0:
             return self
-        self._grid = N.Grid.for_vocab(V)
-        b = S.GraphBuilder(ctx, V, R, self._make_revid)
-        b.device_input = self._device_input
-        x = logits
-        if plan.stages[0].name in ("logit_bias", "penalties") or not logits.is_contiguous:
-            x = b.op(ctx.cont(logits))  # sparse writes must not touch the model's logits
-        out: Tensor | dict[str, Tensor] = x
-        for st in plan.device_stages:
-            out = build_stage(b, x, st)
-            if isinstance(out, dict):
-                break
-            x = out
-        outs = out if isinstance(out, dict) else {"logits": out}
-        for name, t in outs.items():
-            t.set_output()
-            graph.expand(t)
-            self.outputs[name] = t
-        self.inputs = {**b.inputs, **self._device_inputs}
-        if self._revid is not None:
-            self._alloc_const()
+        try:
+            self._grid = N.Grid.for_vocab(V)
+            b = S.GraphBuilder(ctx, V, R, self._make_revid)
+            b.device_input = self._device_input
+            x = logits
+            if plan.stages[0].name in ("logit_bias", "penalties") or not logits.is_contiguous:
+                x = b.op(ctx.cont(logits))  # sparse writes must not touch the model's logits
+            out: Tensor | dict[str, Tensor] = x
+            for st in plan.device_stages:
+                out = build_stage(b, x, st)
+                if isinstance(out, dict):
+                    break
+                x = out
+            outs = out if isinstance(out, dict) else {"logits": out}
+            for name, t in outs.items():
+                t.set_output()
+                graph.expand(t)
+                self.outputs[name] = t
+            self.inputs = {**b.inputs, **self._device_inputs}
+            if self._const_ctx is not None:
+                self._alloc_const()
+        except BaseException:
+            self.close()  # a shared constant it took is given back
+            raise
         return self
 
     def attach(self, stats: SamplingStats) -> None:
@@ -112,8 +166,9 @@ class DeviceSampling:
 
     def _make_revid(self) -> Tensor:
         if self._revid is None:
-            self._revid = self._const().new_tensor("f32", (self.plan.n_vocab,), "smpl_revid")
-        return self._revid
+            assert self.plan.device is not None
+            self._revid = SharedRevid.acquire(self.plan.device, self.plan.n_vocab)
+        return self._revid.tensor
 
     def _device_input(self, name: str, type: str, shape) -> Tensor:
         """A per-step input kept in the sampling device's buffer (written by set_inputs)."""
@@ -122,19 +177,17 @@ class DeviceSampling:
         return t
 
     def _alloc_const(self) -> None:
-        assert self._const_ctx is not None and self._revid is not None
-        dev = self.plan.device
-        assert dev is not None
-        self._const_buf = Buffer.for_context(self._const_ctx, dev, "sampling constants")
-        V = self.plan.n_vocab
-        self._revid.set((V - np.arange(V)).astype(np.float32))
+        assert self._const_ctx is not None and self.plan.device is not None
+        self._const_buf = Buffer.for_context(self._const_ctx, self.plan.device,
+                                             "sampling inputs")
 
     @property
     def buffer_bytes(self) -> dict[str, int]:
         """Bytes of per-step inputs, outputs and constants (sized by rows actually needed)."""
         return {"inputs": sum(t.nbytes for t in self.inputs.values()),
                 "outputs": sum(t.nbytes for n, t in self.outputs.items() if n != "pre_top_k"),
-                "constants": self._const_buf.size if self._const_buf else 0}
+                "constants": ((self._const_buf.size if self._const_buf else 0)
+                              + (self._revid.buf.size if self._revid else 0))}
 
     def _bind(self) -> None:
         """Pair inputs/outputs with host arrays (needs the graph allocated)."""
@@ -277,6 +330,9 @@ class DeviceSampling:
             self._const_buf.close()
         if self._const_ctx is not None:
             self._const_ctx.close()
+        if self._revid is not None:
+            self._revid.release()
+            self._revid = None
 
 
 def finish_host(handle: DeviceSampling, rows: Sequence[RowInput]) -> np.ndarray:
