@@ -188,3 +188,22 @@ def test_real_qwen35_template_needs_jinja(tokenizer):
     assert t.render(msgs, kwargs={"enable_thinking": False}) == head + "<think>\n\n</think>\n\n"
     with pytest.raises(ValueError, match="--jinja"):
         ChatTemplate(tokenizer, template=src, jinja=False)
+
+
+def test_ttft_histogram_is_counts_not_values():
+    """The time-to-first-token histogram keeps one count per bucket (its memory does not
+    grow with the requests served); values on a bound count in that bucket."""
+    m = ServeMetrics(n_max=3)
+    for s in [0.005, 0.01, 0.02, 0.3, 100.0] * 1000:
+        m.record_ttft(s)
+    assert len(m.ttft_counts) == 12 and sum(m.ttft_counts) == 5000
+    lines = render(m.families(busy_slots=0, n_slots=1, queued=0)).splitlines()
+    h = "pyggspec:time_to_first_token_seconds"
+    assert f'{h}_bucket{{le="0.01"}} 2000' in lines
+    assert f'{h}_bucket{{le="0.025"}} 3000' in lines
+    assert f'{h}_bucket{{le="0.5"}} 4000' in lines
+    assert f'{h}_bucket{{le="30.0"}} 4000' in lines
+    assert f'{h}_bucket{{le="+Inf"}} 5000' in lines
+    assert f"{h}_count 5000" in lines
+    total = float(next(x for x in lines if x.startswith(f"{h}_sum")).split()[1])
+    assert abs(total - 1000 * (0.005 + 0.01 + 0.02 + 0.3 + 100.0)) < 1e-6

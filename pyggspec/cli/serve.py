@@ -41,6 +41,7 @@ from pyggspec.cli.common import (
 from pyggspec.cli.llama_flags import FlagRefused, LlamaCommand, llama_flags
 from pyggspec.config import EngineConfig
 from pyggspec.errors import PyggspecError
+from pyggspec.memory import host_heap
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyggspec.serving.http.vertex import VertexAI
@@ -300,6 +301,9 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
     from pyggspec.serving.server import serve as run_server
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    # a long-running server: glibc's heaps would keep the memory of freed large blocks
+    # (RSS growing without end under load); fixed once, before anything is allocated
+    logging.getLogger("pyggspec.serve").info("%s", host_heap.tune())
     template = _chat_template(chat_template, chat_template_file, jinja)
     template_kwargs = _template_kwargs(chat_template_kwargs, reasoning_effort)
     api_key = _api_key(api_key, api_key_file)

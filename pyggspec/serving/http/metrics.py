@@ -18,6 +18,7 @@ lifetime averages. :func:`prometheus_text` puts the two together into the body o
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from collections.abc import Iterable, Mapping
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PREFIX = "pyggspec:"
+# time-to-first-token histogram bounds, seconds (a value equal to a bound counts in it)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 @dataclass
@@ -92,7 +95,10 @@ class ServeMetrics:
         self.drafted_at: list[int] = []  # per draft position
         self.accepted_at: list[int] = []
         self.draft_len_steps: list[int] = []  # verify steps that drafted exactly k tokens
-        self.ttft_seconds: list[float] = []  # kept as a histogram below
+        # time to first token as a histogram: counts per bucket (O(1) memory whatever
+        # the number of requests; a list of every value grew ~32 bytes a request)
+        self.ttft_counts = [0] * (len(TTFT_BUCKETS) + 1)  # the last: above every bucket
+        self.ttft_sum = 0.0
         self.n_tokens_max = 0  # longest sequence seen (prompt + generated)
         # llama-server's throughput buckets: (tokens, seconds) since the last scrape
         self.prompt_bucket = [0, 0.0]
@@ -143,9 +149,8 @@ class ServeMetrics:
 
     def record_ttft(self, seconds: float) -> None:
         with self._lock:
-            self.ttft_seconds.append(seconds)
-            if len(self.ttft_seconds) > 100_000:  # bounded: keep the recent half
-                del self.ttft_seconds[:50_000]
+            self.ttft_counts[bisect.bisect_left(TTFT_BUCKETS, seconds)] += 1
+            self.ttft_sum += seconds
 
     # --- rendering -------------------------------------------------------------------------
     def families(self, *, busy_slots: int, n_slots: int, queued: int,
@@ -212,8 +217,7 @@ class ServeMetrics:
             out.append(hist)
             out.append(_histogram("time_to_first_token_seconds",
                                   "Time from request arrival to its first token.",
-                                  self.ttft_seconds,
-                                  (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)))
+                                  TTFT_BUCKETS, self.ttft_counts, self.ttft_sum))
         if memory:
             mem = Metric("memory_bytes", "gauge", "Memory by component and device.")
             dev_total = Metric("memory_device_bytes", "gauge",
@@ -296,13 +300,19 @@ def _rate(n: float, s: float) -> float:
     return n / s if s > 0 else 0.0
 
 
-def _histogram(name: str, help: str, values: list[float], buckets: tuple[float, ...]) -> Metric:
+def _histogram(name: str, help: str, buckets: tuple[float, ...], counts: list[int],
+               total: float) -> Metric:
+    """A Prometheus histogram from per-bucket counts (``counts[i]``: values in
+    (buckets[i-1], buckets[i]]; the last: above every bucket) and the values' sum."""
     h = Metric(name, "histogram", help)
-    for b in buckets:
-        h.add(sum(1 for v in values if v <= b), "_bucket", le=repr(float(b)))
-    h.add(len(values), "_bucket", le="+Inf")
-    h.add(float(sum(values)), "_sum")
-    h.add(len(values), "_count")
+    cum = 0
+    for b, n in zip(buckets, counts, strict=False):
+        cum += n
+        h.add(cum, "_bucket", le=repr(float(b)))
+    cum += counts[-1]
+    h.add(cum, "_bucket", le="+Inf")
+    h.add(float(total), "_sum")
+    h.add(cum, "_count")
     return h
 
 
