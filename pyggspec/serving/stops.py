@@ -18,7 +18,12 @@ class TextStream:
         self.detok = detokenizer  # pyggspec.tokenizer.Detokenizer or None (no text)
         self.stops = tuple(s for s in stops if s)
         self.held = ""
-        self.text = ""  # everything released so far
+        self._out: list[str] = []  # everything released so far (joined once, at the end:
+        # a string grown by += on an attribute is copied whole per token)
+
+    @property
+    def text(self) -> str:
+        return "".join(self._out)
 
     def add(self, token: int) -> tuple[str, str | None]:
         if self.detok is None:
@@ -41,11 +46,12 @@ class TextStream:
                 hit = (i, w)
         if hit is not None:
             out, self.held = held[:hit[0]], ""
-            self.text += out
+            self._out.append(out)
             return out, hit[1]
         keep = 0 if final else self._partial(held)
         out, self.held = held[:len(held) - keep], held[len(held) - keep:]
-        self.text += out
+        if out:
+            self._out.append(out)
         return out, None
 
     def _partial(self, held: str) -> int:
