@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pyggspec.errors import PyggspecError
+from pyggspec.errors import OutOfMemory, PyggspecError
 from pyggspec.memory import slotfile
 from pyggspec.memory.slots import SlotMemory
 from pyggspec.models.batch import (
@@ -110,28 +110,61 @@ class Worker:
         raises fails only its own sequences (listed in ``out.failed``)."""
         out = StepOutput()
         if batch.prompt:
-            self._isolated("prompt chunk", [c.slot for c in batch.prompt], out,
-                           lambda: self._prompt(batch.prompt, out))
+            self._isolated("prompt chunk", batch.prompt, out,
+                           lambda chunks: self._prompt(chunks, out))
         if batch.decode:
             t0, dev0 = time.perf_counter(), self.device_ms()
             spec = self.speculative and any(d.spec for d in batch.decode)
             step = self._speculative if spec else self._plain
-            self._isolated("decode step", [d.slot for d in batch.decode], out,
-                           lambda: step(batch.decode, out))
+            # after an out-of-memory the others go on in a plain step (with speculation:
+            # as a step in which nothing was drafted, see _isolated)
+            self._isolated("decode step", batch.decode, out, lambda items: step(items, out),
+                           lambda items: self._plain(items, out, carry=spec))
             out.device_ms = self.device_ms() - dev0
             out.decode_ms = (time.perf_counter() - t0) * 1000
         return out
 
-    @staticmethod
-    def _isolated(what: str, slots: list[int], out: StepOutput, part) -> None:
-        """Run one part of a step; when it raises, its sequences (only) have failed."""
+    def _isolated(self, what: str, items: list, out: StepOutput, part, retry=None) -> None:
+        """Run one part of a step (``part(items)``); when it raises, its sequences (only)
+        have failed.
+
+        A device out of memory (:class:`OutOfMemory`: a graph could not be allocated, so
+        it computed nothing) raised before any of the part's sequences committed a token
+        (no slot's length moved) fails only the newest sequence -- the last item: the
+        scheduler lists them in admission order, so the request that joined last is the one
+        that gets no memory -- and the others run again without it, by ``retry`` (the
+        prompt part: the same chunks less one; the decode part: a plain step, which the
+        drafters take as a step that drafted nothing, whatever of the failed step's drafting
+        had run), until they fit or one is left. Dropping the newest rather than running
+        each alone keeps the others batched in the retry and gives the client that came
+        last a clear 503 (llama-server halves the batch and retries instead, so under a
+        shortage every request slows down and none is told)."""
+        mem = self.memory
+        before = [mem.length(it.slot) for it in items]
         try:
-            part()
+            part(items)
+        except OutOfMemory as exc:
+            clean = all(mem.length(it.slot) == n for it, n in zip(items, before, strict=True))
+            if len(items) < 2 or not clean:
+                log.error("%s failed: %s", what, exc)
+                self._failed(items, out, exc)
+                return
+            log.warning("%s: %s; the newest of its %d sequences (slot %d) fails, the others "
+                        "go on", what, exc, len(items), items[-1].slot)
+            self._failed(items[-1:], out, exc)
+            for it in items[:-1]:  # nothing of the failed attempt is kept
+                out.seqs.pop(it.slot, None)
+            again = retry or part
+            self._isolated(what, items[:-1], out, again, again)
         except Exception as exc:
             log.exception("%s failed", what)
-            for slot in slots:
-                out.failed[slot] = exc
-                out.seqs.pop(slot, None)
+            self._failed(items, out, exc)
+
+    @staticmethod
+    def _failed(items: list, out: StepOutput, exc: BaseException) -> None:
+        for it in items:
+            out.failed[it.slot] = exc
+            out.seqs.pop(it.slot, None)
 
     def _prompt(self, chunks: list[PromptChunk], out: StepOutput) -> None:
         """One ubatch of prompt chunks (equal lengths); the warm ones' pairs go into the

@@ -120,6 +120,56 @@ def test_runtime_failure_fails_one_request(model, make_engine):
     assert _alone(e, PROMPT_A, 24) == want_a
 
 
+def _seen(handle) -> list[int]:
+    """The tokens ``handle`` has emitted so far (filled from the scheduler's callbacks)."""
+    seen: list[int] = []
+    handle.add_callback(lambda it: seen.extend(getattr(it, "tokens", None) or ())
+                        if not handle.done else None)
+    return seen
+
+
+@pytest.mark.parametrize("spec,nth", [(True, 1), (True, 2), (False, 1)],
+                         ids=["draft-graph", "verify-graph", "plain-step"])
+def test_runtime_failure_in_a_shared_decode_step(model, make_engine, spec, nth):
+    """A and B decode in the same batch when a graph of that step cannot be allocated
+    (with speculation: the 1st allocation is the MTP head's draft graph, the 2nd the
+    target's verify graph; without: the plain step's): B, the newest, fails with the
+    device's error; A goes on in the same step without it, and ends with the tokens it
+    gets alone."""
+    kw = {"spec_type": "draft-mtp", "spec": SpecConfig(n_max=3)} if spec else {}
+    e = make_engine(model, n_ctx=N_CTX, n_parallel=2, n_threads=1,
+                    sampling=SamplingParams(temp=0.0), **kw)
+    want_a, want_b = _alone(e, PROMPT_A, 40), _alone(e, PROMPT_B, 30)
+    a = e.submit(Request(PROMPT_A, max_tokens=40, ignore_eos=True))
+    seen_a = _seen(a)
+    while len(seen_a) < 3:
+        assert e.step()
+    b = e.submit(Request(PROMPT_B, max_tokens=30, ignore_eos=True))
+    seen_b = _seen(b)
+    while not seen_b:  # B's prompt is done: both decode in every later step
+        assert e.step()
+    assert not a.done and len(seen_a) < 40
+    faults.inject("graph", nth)
+    n_a = len(seen_a)
+    assert e.step()
+    assert faults.hits, "the fault was not hit"
+    assert len(seen_a) > n_a  # A went on in the very step B failed in
+    while e.step():
+        pass
+    with pytest.raises(RequestFailed) as info:
+        b.result()
+    assert isinstance(info.value.__cause__, OutOfMemory)
+    assert "out of memory allocating" in str(info.value)
+    assert a.result().tokens == want_a
+    # the engine serves on: B again, alone and beside A, gets its own tokens
+    assert _alone(e, PROMPT_B, 30) == want_b
+    a2 = e.submit(Request(PROMPT_A, max_tokens=40, ignore_eos=True))
+    b2 = e.submit(Request(PROMPT_B, max_tokens=30, ignore_eos=True))
+    while e.step():
+        pass
+    assert a2.result().tokens == want_a and b2.result().tokens == want_b
+
+
 class _Live:
     """uvicorn on a free loopback port in a thread (as tests/test_server.py runs it)."""
 
