@@ -9,6 +9,7 @@ rpc-server has no memory limit, so a real shortage cannot be made reliably on CP
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -130,7 +131,7 @@ def _seen(handle) -> list[int]:
 
 @pytest.mark.parametrize("spec,nth", [(True, 1), (True, 2), (False, 1)],
                          ids=["draft-graph", "verify-graph", "plain-step"])
-def test_runtime_failure_in_a_shared_decode_step(model, make_engine, spec, nth):
+def test_runtime_failure_in_a_shared_decode_step(model, make_engine, spec, nth, caplog):
     """A and B decode in the same batch when a graph of that step cannot be allocated
     (with speculation: the 1st allocation is the MTP head's draft graph, the 2nd the
     target's verify graph; without: the plain step's): B, the newest, fails with the
@@ -151,8 +152,10 @@ def test_runtime_failure_in_a_shared_decode_step(model, make_engine, spec, nth):
     assert not a.done and len(seen_a) < 40
     faults.inject("graph", nth)
     n_a = len(seen_a)
-    assert e.step()
+    with caplog.at_level(logging.WARNING, "pyggspec.worker"):
+        assert e.step()
     assert faults.hits, "the fault was not hit"
+    assert "decode step" in caplog.text and "the newest of its 2 sequences" in caplog.text
     assert len(seen_a) > n_a  # A went on in the very step B failed in
     while e.step():
         pass
@@ -168,6 +171,29 @@ def test_runtime_failure_in_a_shared_decode_step(model, make_engine, spec, nth):
     while e.step():
         pass
     assert a2.result().tokens == want_a and b2.result().tokens == want_b
+
+
+def test_runtime_failure_in_a_shared_prompt_chunk(model, make_engine, caplog):
+    """Two prompts of one length go in one ubatch; its graph cannot be allocated: the
+    newer request fails, the other's chunk runs again alone and it ends as it does alone."""
+    e = make_engine(model, n_ctx=N_CTX, n_parallel=2, n_threads=1, spec_type="draft-mtp",
+                    spec=SpecConfig(n_max=3), sampling=SamplingParams(temp=0.0))
+    other = [4, 8, 15, 16, 23]  # PROMPT_A's length
+    want_a, want_o = _alone(e, PROMPT_A, 12), _alone(e, other, 12)
+    # no prompt reuse: admission runs no graph (reuse may write owed MTP pairs first)
+    a = e.submit(Request(PROMPT_A, max_tokens=12, ignore_eos=True, cache_prompt=False))
+    o = e.submit(Request(other, max_tokens=12, ignore_eos=True, cache_prompt=False))
+    faults.inject("graph")  # the first graph of the next step: both prompts' chunk
+    with caplog.at_level(logging.WARNING, "pyggspec.worker"):
+        while e.step():
+            pass
+    assert faults.hits
+    assert "prompt chunk" in caplog.text and "the newest of its 2 sequences" in caplog.text
+    with pytest.raises(RequestFailed) as info:
+        o.result()
+    assert isinstance(info.value.__cause__, OutOfMemory)
+    assert a.result().tokens == want_a
+    assert _alone(e, other, 12) == want_o
 
 
 class _Live:
@@ -235,3 +261,49 @@ def test_server_answers_503_and_goes_on(model, make_engine):
         assert got_a == want_a
         h = http.get("/health")
         assert h.status_code == 200
+
+
+def test_server_503_beside_a_stream_in_the_same_batch(model, make_engine):
+    """Over HTTP: a stream A and a request B decode in the same batch when its graph cannot
+    be allocated: B (the newer) is a 503 naming the device, A's stream ends whole and equal
+    to itself alone."""
+    from pyggspec.serving.server import ServerConfig, create_app
+
+    e = make_engine(model, n_ctx=N_CTX, n_parallel=2, n_threads=1, spec_type="draft-mtp",
+                    spec=SpecConfig(n_max=3), sampling=SamplingParams(temp=0.0),
+                    load_tokenizer=True)
+    app = create_app(e, ServerConfig(model_id="tiny", sampling=SamplingParams(temp=0.0)))
+    body_a = {"prompt": PROMPT_A, "n_predict": 200, "ignore_eos": True, "temperature": 0,
+              "return_tokens": True}
+    body_b = {"prompt": PROMPT_B, "n_predict": 200, "ignore_eos": True, "temperature": 0,
+              "return_tokens": True}
+    with _Live(app) as url, httpx.Client(base_url=url, timeout=60) as http:
+        want_a = http.post("/completion", json=body_a).json()["tokens"]
+        got_a: list[int] = []
+        res: dict = {}
+        with http.stream("POST", "/completion", json={**body_a, "stream": True}) as s:
+            lines = s.iter_lines()
+            for line in lines:
+                if line.startswith("data: "):
+                    got_a += json.loads(line[6:]).get("tokens", [])
+                if len(got_a) >= 2:
+                    break
+            t = threading.Thread(target=lambda: res.update(
+                r=http.post("/completion", json=body_b)))
+            t.start()
+            deadline, shared = time.monotonic() + 30, False
+            while not shared and time.monotonic() < deadline:  # until B decodes beside A
+                busy = [x for x in http.get("/slots").json() if x["state"] == "processing"]
+                shared = len(busy) == 2 and all(x["n_decoded"] > 0 for x in busy)
+            faults.inject("graph")
+            t.join(60)
+            for line in lines:
+                if line.startswith("data: "):
+                    got_a += json.loads(line[6:]).get("tokens", [])
+        r = res["r"]
+        assert shared and faults.hits
+        assert r.status_code == 503, r.text
+        err = r.json()["error"]
+        assert err["type"] == "unavailable_error" and "out of memory allocating" in err["message"]
+        assert got_a == want_a
+        assert http.get("/health").status_code == 200
