@@ -459,8 +459,9 @@ class Engine:
         ``images`` (bytes or file paths) need the engine's projector (``mmproj=``); each
         ``<__media__>`` marker in the text prompt places the next image, and without a
         marker they go first (llama-mtmd-cli's rules). The image rows are prefilled like
-        text (chunked by -ub / -b), at llama.cpp's M-RoPE positions. Such a request decodes
-        without drafts for now (the MTP head does not take image rows yet).
+        text (chunked by -ub / -b), at llama.cpp's M-RoPE positions; with draft-mtp the MTP
+        head's cache takes each image row's embedding paired with the target's hidden row
+        before it (as llama.cpp b11549), so drafts after the image see it.
 
         ``logprobs=k`` (llama-server's ``n_probs``) fills ``result.logprobs``: per emitted
         token its log-probability and the k most likely tokens at its position, from the

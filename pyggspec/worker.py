@@ -36,10 +36,10 @@ from pyggspec.memory import slotfile
 from pyggspec.memory.slots import SlotMemory
 from pyggspec.models.batch import (
     MediaRows,
+    SlotRows,
     StepResult,
     UBatch,
     chunk_group,
-    media_inputs,
     padded_rows,
 )
 from pyggspec.sampling.host import chain_distribution
@@ -99,10 +99,11 @@ class Worker:
         self.snapshot = parts.rollback == "snapshot"
         self._plain_ubs: dict[int, UBatch] = {}
         self._step_ubs: dict[int, UBatch] = {}
-        # image rows: each slot's cells less its RoPE position (an image of n rows advances
-        # the position by fewer), and the media of the prompt a slot is taking in
-        self._shift = np.zeros(self.n_parallel, np.int64)
-        self._media: dict[int, MediaRows] = {}
+        # image rows: which cells of each slot hold them, and every row's RoPE position
+        # (an image of n rows advances the position by fewer); the MTP head reads the same
+        self.rows = SlotRows(self.n_parallel)
+        if self.mtp is not None:
+            self.mtp.media = self.rows
 
     # --- one scheduled step ------------------------------------------------------------
     def run(self, batch: Batch) -> StepOutput:
@@ -180,16 +181,10 @@ class Worker:
                 and self.drafter.needs_hidden)
         ub = UBatch(tokens, np.array([c.pos0 for c in chunks], np.int64),
                     tuple(c.slot for c in chunks), outputs, warm)
-        media = self._media
-        slots = [c.slot for c in chunks]
-        if media.keys() & set(slots) or self._shift[slots].any():  # image rows, or after them
-            media_inputs(ub, [(media[c.slot], c.pos0, 0) if c.slot in media else None
-                              for c in chunks], self._shift[slots])
+        self.rows.apply(ub)  # image rows, or rows after them
         res = self.target.run(ub, copy=False)
         for c in chunks:
             self.memory.commit(c.slot, c.tokens)
-            if c.last and c.slot in media:  # text after the prompt: its shifted positions
-                self._shift[c.slot] = media.pop(c.slot).shift
         n_mtp = 0
         if warm:
             h = res.hidden.reshape(B, T, -1)
@@ -240,7 +235,7 @@ class Worker:
             pos0[b] = mem.length(it.slot)
             src[b] = mem.state_row(it.slot)
         ub.slots = tuple(it.slot for it in items)
-        ub.rope_shift = self._shift[list(ub.slots)] if self._shift.any() else None
+        ub.rope_shift = self.rows.shift[list(ub.slots)] if self.rows.n_spans else None
         want = any(it.logprobs is not None for it in items)
         ub.sampling = plan = 0 if want else samplers.plan_id(B, 1, ub.slots)
         ub.rows = samplers.rows([(it.slot, ()) for it in items]) if plan else None
@@ -352,6 +347,11 @@ class Worker:
                if it.spec]
         drafts = self.drafter.draft(ask, self.memory.tokens, self.samplers.chains, caps)
         for slot, dr in drafts.items():
+            if dr.tokens and min(dr.tokens) < 0:  # an n-gram kind copied an image row
+                keep = next(i for i, t in enumerate(dr.tokens) if t < 0)
+                del dr.tokens[keep:]
+                del dr.probs[keep:]
+                del dr.q[keep:]
             # drop drafts from the first one the slot's grammar forbids: the masked target
             # cannot choose it, so it and what follows would be wasted verify rows (not
             # probabilistic drafts: p/q rejection must see every draft it drew)
@@ -473,6 +473,8 @@ class Worker:
         ub = UBatch(tokens, pos0, slots, np.arange(B * T, dtype=np.int32), hidden=True,
                     state_src=src, state_dst=dst, sampling=plan, rows=rows,
                     snapshots=self.snapshot)
+        if self.rows.n_spans:  # rows after images: their shifted positions
+            ub.rope_shift = self.rows.shift[list(slots)]
         return ub, planes, prefixes
 
     # --- slots -------------------------------------------------------------------------
@@ -483,12 +485,12 @@ class Worker:
         and start its sampler chain. ``media``: the prompt's image rows (its EMBD_ROW ids).
         Returns the prompt tokens reused."""
         start = self._resume(slot, prompt, reuse, spec)
-        self._shift[slot] = 0  # nothing past the first image row is reused (_resume)
-        self._media.pop(slot, None)
-        if media is not None:
-            self._media[slot] = media
-            prompt = [t for t in prompt if t >= 0]  # image rows are no tokens to penalise
-        self.samplers.start(slot, prompt, params)
+        self.rows.truncate(slot, start)  # nothing past the first image row is reused
+        if media is not None:  # the prompt's rows from cell 0 (they start at position 0)
+            self.rows.add(slot, 0, media)
+        # image rows are no tokens to penalise
+        self.samplers.start(slot, prompt if media is None else [t for t in prompt if t >= 0],
+                            params)
         if spec and self.drafter is not None:
             self.drafter.begin(slot, prompt)
         return start
@@ -542,8 +544,7 @@ class Worker:
     def clear(self, slot: int) -> None:
         self.check_slot(slot)
         self.memory.clear(slot)
-        self._shift[slot] = 0
-        self._media.pop(slot, None)
+        self.rows.clear(slot)
         if self.drafter is not None:
             self.drafter.forget(slot)
 
@@ -551,7 +552,7 @@ class Worker:
         self.check_slot(src)
         self.check_slot(dst)
         self.memory.copy(src, dst)
-        self._shift[dst] = self._shift[src]
+        self.rows.copy(src, dst)
         self._set_carry(dst, self.mtp_drafter.state(src) if self.mtp_drafter else None)
 
     # --- slot files (llama-server's slot save / restore) ------------------------------
@@ -580,6 +581,7 @@ class Worker:
         except BaseException:
             self.clear(slot)  # a write failed half-way: nothing of it may be reused
             raise
+        self.rows.clear(slot)  # slot files hold no image rows (save_slot refuses them)
         self._set_carry(slot, carry)
         return self.memory.length(slot), nbytes
 
@@ -630,7 +632,9 @@ class Worker:
         out_logits: dict[int, list[np.ndarray]] = {s: [] for s in pending}
         out_hidden: dict[int, list[np.ndarray]] = {s: [] for s in pending}
         done = dict.fromkeys(pending, 0)
-        base = {s: mem.length(s) - int(self._shift[s]) for s in media if s in pending}
+        for s in pending:
+            if s in media:
+                self.rows.add(s, mem.length(s), media[s])
         while True:
             left = {s: a.size - done[s] for s, a in pending.items() if a.size > done[s]}
             if not left:
@@ -646,9 +650,7 @@ class Worker:
                 if outputs.size == 0:
                     outputs = np.array([T - 1], dtype=np.int32)  # keep the graph well-formed
             ub = UBatch(tokens, pos0, tuple(seqs), outputs, hidden)
-            if base or self._shift[list(seqs)].any():
-                media_inputs(ub, [(media[s], done[s], base[s]) if s in base else None
-                                  for s in seqs], self._shift[list(seqs)])
+            self.rows.apply(ub)
             res = self.target.run(ub)
             rows = {int(r): i for i, r in enumerate(outputs)}
             for i, s in enumerate(seqs):
@@ -660,8 +662,6 @@ class Worker:
                 if hidden and res.hidden is not None:
                     out_hidden[s].append(res.hidden[i * T:(i + 1) * T])
                 done[s] += T
-                if s in base and done[s] == pending[s].size:
-                    self._shift[s] += media[s].shift
         return {s: StepResult(np.concatenate(out_logits[s]) if out_logits[s] else
                               np.zeros((0, self.n_vocab), np.float32),
                               np.concatenate(out_hidden[s]) if hidden else None)
@@ -685,7 +685,7 @@ class Worker:
             self._step_ubs[slot] = ub
         ub.tokens[0, 0] = token
         ub.pos0[0] = n
-        ub.rope_shift = self._shift[slot:slot + 1] if self._shift[slot] else None
+        ub.rope_shift = self.rows.shift[slot:slot + 1] if self.rows.n_spans else None
         ub.state_src[0] = ub.state_dst[0, 0] = self.memory.state_row(slot)
         # a copy: on the CPU the graph's logits are read in place (valid until the next
         # graph), and a caller may keep this row past it, even past close()

@@ -146,34 +146,108 @@ class MediaRows:
         return m, out
 
 
-def media_inputs(ub: UBatch, parts: list[tuple[MediaRows, int, int] | None],
-                 shift: np.ndarray) -> None:
-    """Give ``ub`` its embedding rows and row-by-row positions: sequence b takes rows
-    ``a..a+T-1`` of ``parts[b] = (media, a, base)`` (positions from ``base``, the
-    sequence's position at the media's first row), or is text at its cells less
-    ``shift[b]`` (None). Embedding rows' ids become 0 (a row the graph does not read)."""
-    B, T = ub.tokens.shape
-    rope = np.zeros((4, B * T), np.int32)
-    mask = np.zeros(B * T, bool)
-    width = next((p[0].embd.shape[1] for p in parts if p is not None), 0)
-    embd = None
-    for b, p in enumerate(parts):
-        sl = slice(b * T, (b + 1) * T)
-        if p is None:
-            rope[:3, sl] = int(ub.pos0[b]) - int(shift[b]) + np.arange(T)
-            continue
-        m, a, base = p
-        if a + T > m.n_rows:
-            raise ValueError(f"rows {a}..{a + T - 1} past the {m.n_rows} media rows")
-        rope[:, sl] = m.pos[:, a:a + T]
-        rope[:3, sl] += base
-        e, rows = m.rows(a, a + T)
-        if e.any():
-            if embd is None:
-                embd = np.zeros((B * T, width), np.float32)
-            mask[sl] = e
-            embd[sl] = rows
-    ub.rope_pos = rope
-    if embd is not None:
-        ub.embd, ub.embd_rows = embd, mask
-    ub.tokens = np.maximum(ub.tokens, 0)  # a copy: the caller commits its own ids
+
+class SlotRows:
+    """The image rows each slot's cells hold, and the RoPE positions of its rows: the one
+    table the trunk's and the MTP head's batches take embedding rows and positions from.
+
+    A slot holds spans: ``media`` over cells ``cell0 ..`` (its rows' positions from
+    ``base``, the slot's position at ``cell0``). A cell inside a span has the span's
+    position and, at an image row, its embedding; any other cell sits at its own index
+    less the shifts (rows - positions) of the spans before it. ``shift[slot]``: that shift
+    past the slot's last span (the rows a step appends: decode, verify, drafts)."""
+
+    def __init__(self, n_slots: int) -> None:
+        self.shift = np.zeros(n_slots, np.int64)
+        self._end = np.zeros(n_slots, np.int64)  # the cell after the slot's last span
+        self._spans: list[list[tuple[int, int, MediaRows]]] = [[] for _ in range(n_slots)]
+        self.n_spans = 0
+
+    def spans(self, slot: int) -> list[tuple[int, int, MediaRows]]:
+        return self._spans[slot]
+
+    def add(self, slot: int, cell0: int, media: MediaRows) -> None:
+        """``media``'s rows go to cells ``cell0..`` (after every span the slot has)."""
+        if cell0 < self._end[slot]:
+            raise ValueError(f"slot {slot}: rows at cell {cell0} inside an earlier span")
+        self._spans[slot].append((cell0, cell0 - int(self.shift[slot]), media))
+        self.shift[slot] += media.shift
+        self._end[slot] = cell0 + media.n_rows
+        self.n_spans += 1
+
+    def truncate(self, slot: int, n: int) -> None:
+        """Forget cells >= ``n``: spans past it go; a span cut before its first image row
+        held only text at plain positions, and goes too (prompt reuse stops there)."""
+        keep = []
+        for cell0, base, m in self._spans[slot]:
+            if cell0 + m.n_rows <= n:
+                keep.append((cell0, base, m))
+            elif cell0 < n and m.is_embd[: n - cell0].any():
+                raise ValueError(f"slot {slot}: cutting at cell {n} inside an image")
+        self._set(slot, keep)
+
+    def clear(self, slot: int) -> None:
+        self._set(slot, [])
+
+    def copy(self, src: int, dst: int) -> None:
+        self._set(dst, list(self._spans[src]))
+
+    def _set(self, slot: int, spans: list[tuple[int, int, MediaRows]]) -> None:
+        self.n_spans += len(spans) - len(self._spans[slot])
+        self._spans[slot] = spans
+        self.shift[slot] = sum(m.shift for _, _, m in spans)
+        self._end[slot] = max((c + m.n_rows for c, _, m in spans), default=0)
+
+    def fill(self, pos0: np.ndarray, T: int, slots: tuple[int, ...]
+             ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None,
+                        np.ndarray | None]:
+        """For a batch of ``len(slots)`` sequences x T rows from cells ``pos0``:
+        (rope_pos [4, B*T] or None, rope_shift [B] or None, embd_rows [B*T] or None,
+        embd [B*T, n_embd] or None). (None, None, None, None): no slot holds a span;
+        only the shift: every row is past its slot's spans."""
+        if not self.n_spans:
+            return None, None, None, None
+        idx = list(slots)
+        shift = self.shift[idx]
+        if (pos0 >= self._end[idx]).all():
+            return None, shift, None, None
+        B = len(slots)
+        rope = np.zeros((4, B * T), np.int32)
+        mask = np.zeros(B * T, bool)
+        embd = None
+        t = np.arange(T, dtype=np.int64)
+        for b, slot in enumerate(slots):
+            sl = slice(b * T, (b + 1) * T)
+            cells = int(pos0[b]) + t
+            before = np.zeros(T, np.int64)  # shifts of the spans that end before each cell
+            r = rope[:, sl]
+            for cell0, base, m in self._spans[slot]:
+                before += np.where(cells >= cell0 + m.n_rows, m.shift, 0)
+            r[:3] = cells - before
+            for cell0, base, m in self._spans[slot]:
+                inside = (cells >= cell0) & (cells < cell0 + m.n_rows)
+                if not inside.any():
+                    continue
+                j = cells[inside] - cell0
+                r[:, inside] = m.pos[:, j]
+                r[:3, inside] += base
+                e = m.is_embd[j]
+                if e.any():
+                    if embd is None:
+                        embd = np.zeros((B * T, m.embd.shape[1]), np.float32)
+                    rows = np.flatnonzero(inside)[e] + b * T
+                    mask[rows] = True
+                    embd[rows] = m.embd[m._index[j[e]]]  # type: ignore[attr-defined]
+        return rope, shift, (mask if embd is not None else None), embd
+
+    def apply(self, batch) -> None:
+        """Set a :class:`UBatch`'s (or an MTP batch's) embedding rows and positions from
+        the table (all None when its slots hold no spans); image rows' ids become 0 (a row
+        the graph does not read; a copy: the caller commits its own ids)."""
+        T = batch.tokens.shape[1]
+        rope, shift, mask, embd = self.fill(batch.pos0, T, tuple(batch.slots))
+        batch.rope_pos, batch.rope_shift = rope, shift
+        batch.embd, batch.embd_rows = embd, mask
+        if rope is not None:
+            batch.tokens = np.maximum(batch.tokens, 0)
+

@@ -51,6 +51,7 @@ class MtpShape:
     sampling: int = 0  # plan id (Mtp.register_plan): the drafts' sampler chains in the graph
     hot: bool = False  # score drafts over the hot vocabulary's rows (Mtp.hot)
     n_chain: int = 1  # argmax draft steps in the one graph (MtpGraph._chain_step)
+    embd: bool = False  # some rows are image rows: their embedding in place of the token's
 
 
 @dataclass
@@ -78,6 +79,12 @@ class MtpBatch:
     logits: bool = False  # full logits come back (host argmax or host chains)
     hot: bool = False  # draft over the hot vocabulary (when the runner has one)
     chain: int = 1  # argmax drafts per output row in one graph (device argmax only)
+    # image rows and positions (set by Mtp.run from its SlotRows, as UBatch's): float32
+    # [B*T, n_embd] read where embd_rows; (t, y, x, z) per row; cells - positions per seq
+    embd: np.ndarray | None = None
+    embd_rows: np.ndarray | None = None
+    rope_pos: np.ndarray | None = None
+    rope_shift: np.ndarray | None = None
 
 
 @dataclass
@@ -197,6 +204,10 @@ class MtpGraph:
             b = Builder(ctx, graph, hp, w.get, w.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n,), "mtp_tokens")
             self.h = ctx.input("f32", (n_embd, n), "mtp_h_input")
+            self.embd = self.embd_sel = None
+            if shape.embd:  # row i: the token's embedding, or image row i (n + i)
+                self.embd = ctx.input("f32", (n_embd, n), "mtp_inp_embd")
+                self.embd_sel = ctx.input("i32", (n,), "mtp_inp_embd_sel")
             self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_slots, "mtp_")
             self.chain: list[CausalInputs] = []  # the chained draft steps' inputs
             self.chain_ids: list[Tensor] = []
@@ -205,7 +216,7 @@ class MtpGraph:
             self.sampling = self.hot = None
             written: list[Tensor] = []
             x, cur = self._attend(b, self.tokens, self.h, self.causal, kv.k(il), kv.v(il),
-                                  written)
+                                  written, self.embd, self.embd_sel)
             if shape.n_outputs == 0:
                 # cache-only: pairs written for later drafts, nothing drafted now; the graph
                 # holds only the KV writes (no FFN, no LM head)
@@ -256,10 +267,16 @@ class MtpGraph:
         self._finish(shape, n, n_embd)
 
     def _attend(self, b: Builder, tokens: Tensor, h: Tensor, causal: CausalInputs,
-                k: Tensor, v: Tensor, written: list[Tensor]) -> tuple[Tensor, Tensor]:
-        """The head up to its attention: (the eh_proj rows, the attention output)."""
+                k: Tensor, v: Tensor, written: list[Tensor], embd: Tensor | None = None,
+                sel: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The head up to its attention: (the eh_proj rows, the attention output).
+        ``embd``/``sel``: image rows taken in place of token embeddings (b11549's
+        ``add_embd`` rows: enorm then normalises them as it does a token's)."""
         ctx, w, il = b.ctx, self.w, self.w.block
-        e = b.cb(ctx.get_rows(w.embed, tokens), "mtp_tok_embd", il)
+        e = ctx.get_rows(w.embed, tokens)
+        if embd is not None:
+            e = ctx.get_rows(ctx.concat(e, embd, 1), sel)
+        e = b.cb(e, "mtp_tok_embd", il)
         hn = b.cb(layers.rms_norm(b, h, b.w("nextn.hnorm.weight", il)), "mtp_hnorm", il)
         en = b.cb(layers.rms_norm(b, e, b.w("nextn.enorm.weight", il)), "mtp_enorm", il)
         x = b.cb(ctx.mul_mat(b.w("nextn.eh_proj.weight", il), ctx.concat(en, hn, 0)),
@@ -342,6 +359,10 @@ class MtpGraph:
         self._chain_ids = np.zeros((shape.n_chain, shape.n_outputs), np.int32)
         self._chain_top = np.zeros((shape.n_chain, shape.n_outputs), np.float32)
         self._chain_pos = np.zeros(shape.n_outputs, np.int64)
+        if shape.embd:
+            self._embd = np.zeros((n, n_embd), np.float32)
+            self._embd_sel = np.zeros(n, np.int32)
+            self._rows = np.arange(n, dtype=np.int32)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), np.float32)
                         if self.logits is not None else None)
         self._bound = False
@@ -349,6 +370,9 @@ class MtpGraph:
     def _bind(self) -> None:
         ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.h, self._h),
                *self.causal.bindings()]
+        if self.embd is not None:
+            ins += [HostBinding(self.embd, self._embd),
+                    HostBinding(self.embd_sel, self._embd_sel)]
         if self.out_ids is None:  # cache-only: inputs only the KV writes read are in the graph
             self._ins = [i for i in ins if i.tensor.is_allocated]
             self._outs = []
@@ -379,15 +403,21 @@ class MtpGraph:
             self._bind()
         self._tokens[:] = mb.tokens.reshape(-1)
         self._h[:] = mb.hidden.reshape(self._h.shape)
-        self.causal.fill(mb.pos0, tuple(mb.slots))
+        if self.embd is not None:
+            self._embd[:] = mb.embd
+            np.add(self._rows, np.where(mb.embd_rows, self._rows.size, 0), out=self._embd_sel,
+                   casting="unsafe")
+        self.causal.fill(mb.pos0, tuple(mb.slots), mb.rope_pos, mb.rope_shift)
         self._out[:] = mb.outputs
         if self.chain:  # step j drafts at the output row's position + j
             T = self.shape.n_seq_tokens
             out = mb.outputs
             np.add(mb.pos0[out // T], out % T, out=self._chain_pos)
             slots = tuple(mb.slots[b] for b in out // T)
+            # drafts follow the batch's rows: text past any image
+            shift = mb.rope_shift[out // T] if mb.rope_shift is not None else None
             for j, c in enumerate(self.chain, 1):
-                c.fill(self._chain_pos + j, slots)
+                c.fill(self._chain_pos + j, slots, None, shift)
         for bnd in self._ins:
             bnd.push()
         if self.sampling is not None:
@@ -451,6 +481,7 @@ class Mtp(GraphRunner):
         self.device_argmax = device_argmax
         self.draft_vocab = draft_vocab
         self.n_evals = 0
+        self.media = None  # the worker's SlotRows: image rows and positions per slot
         self.hot: HotHead | None = None
         if hot_rows:
             store = weights.weights
@@ -467,11 +498,13 @@ class Mtp(GraphRunner):
 
     def run(self, mb: MtpBatch) -> MtpResult:
         B, T = mb.tokens.shape
+        if self.media is not None and self.media.n_spans:  # image rows, or rows after them
+            self.media.apply(mb)
         chain = mb.chain if self.chains(mb) else 1
         end = int((mb.pos0 + T).max()) + chain - 1
         shape = MtpShape(T, B, kv_window(end, self.kv.n_ctx), len(mb.outputs),
                          self.device_argmax and not mb.logits, self.draft_vocab, mb.sampling,
-                         mb.hot and self.hot is not None, chain)
+                         mb.hot and self.hot is not None, chain, mb.embd_rows is not None)
         res = self.execute(shape, lambda s: MtpGraph(self.hp, self.weights, self.kv, s,
                                                      self.plans.get(s.sampling), self.hot),
                            lambda g: g.set_inputs(mb, self.kv.n_ctx), lambda g: g.read(mb))

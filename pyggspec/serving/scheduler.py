@@ -482,9 +482,7 @@ class Scheduler:
 
     def _begin(self, h: RequestHandle, slot: int) -> None:
         lim, req = self.limits, h.request
-        # image prompts decode without drafts for now (the MTP head takes no image rows)
-        spec = (lim.speculative and req.speculative is not False and req.n_draft_max != 0
-                and req.media is None)
+        spec = lim.speculative and req.speculative is not False and req.n_draft_max != 0
         tok = self.tokenizer
         is_stop = _never if req.ignore_eos or tok is None else tok.is_eog
         mt = req.max_tokens
