@@ -347,8 +347,8 @@ class Worker:
                if it.spec]
         drafts = self.drafter.draft(ask, self.memory.tokens, self.samplers.chains, caps)
         for slot, dr in drafts.items():
-            if dr.tokens and min(dr.tokens) < 0:  # an n-gram kind copied an image row
-                keep = next(i for i, t in enumerate(dr.tokens) if t < 0)
+            keep = _first_embd_row(dr.tokens)  # an n-gram kind may copy an image row
+            if keep < len(dr.tokens):
                 del dr.tokens[keep:]
                 del dr.probs[keep:]
                 del dr.q[keep:]
