@@ -24,7 +24,6 @@ import ctypes.util
 import logging
 import os
 import sys
-import threading
 
 log = logging.getLogger("pyggspec.memory")
 
@@ -36,29 +35,19 @@ M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 DEFAULT_MMAP_THRESHOLD = 1 << 20
 ENV_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"  # glibc's tunable: the user's choice wins
 
-_libc: ctypes.CDLL | None = None
-_loaded = False
-_lock = threading.Lock()
-
-
 def _glibc() -> ctypes.CDLL | None:
-    """glibc, with mallopt and malloc_trim; None elsewhere (musl, macOS, Windows)."""
-    global _libc, _loaded
-    with _lock:
-        if not _loaded:
-            _loaded = True
-            if sys.platform.startswith("linux"):
-                try:
-                    lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                    lib.gnu_get_libc_version.restype = ctypes.c_char_p
-                    lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-                    lib.mallopt.restype = ctypes.c_int
-                    lib.malloc_trim.argtypes = [ctypes.c_size_t]
-                    lib.malloc_trim.restype = ctypes.c_int
-                    _libc = lib
-                except (OSError, AttributeError):
-                    _libc = None
-        return _libc
+    """glibc with mallopt typed; None elsewhere (musl, macOS, Windows: no
+    ``gnu_get_libc_version``)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        lib.gnu_get_libc_version  # noqa: B018 -- glibc only
+    except (OSError, AttributeError):
+        return None
+    lib.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.mallopt.restype = ctypes.c_int
+    return lib
 
 
 def tune(mmap_threshold: int = DEFAULT_MMAP_THRESHOLD) -> str:
