@@ -41,7 +41,7 @@ _DRAFT_PLACE = ("the MTP head runs with the trunk: on the output layer's device,
 _MEDIA = ("not implemented: images come from a local projector file (-mm) and --image "
           "files, encoded on the projector's default device")
 _MEDIA_NONE = "no projector is loaded without -mm"
-_MEDIA_SERVE = "pyggspec serve takes no images yet (pyggspec run -mm FILE --image F does)"
+_MEDIA_SERVE = "serve takes images per request (image_url parts), with -mm FILE"
 _SAMPLER = "this sampler is not implemented (see --samplers for those that are)"
 _GRAMMAR = "no server-wide grammar; per request: the grammar / json_schema fields"
 _ROPE = "the context's RoPE comes from the GGUF; no overrides"
@@ -134,13 +134,14 @@ TABLE = f"""
 -np --parallel :: 1 sr H
 -cb --cont-batching :: 0 s N :: continuous batching is always on
 -nocb --no-cont-batching :: 0 s R :: continuous batching is always on
--mm --mmproj --image :: 1 s/r R/H :: {_MEDIA_SERVE}
+-mm --mmproj :: 1 sr H
+--image :: 1 s/r R/H :: {_MEDIA_SERVE}
 -mmu --mmproj-url -mmdev --mmproj-device --audio --video :: 1 sr R :: {_MEDIA}
 --image-min-tokens --image-max-tokens --mtmd-batch-max-tokens --video-fps :: 1 sr R :: {_MEDIA}
 --video-timestamp-interval --video-ffmpeg-dir :: 1 sr R :: {_MEDIA}
 --mmproj-auto --mmproj-offload :: 0 sr R :: {_MEDIA}
 --no-mmproj --no-mmproj-auto :: 0 sr N :: {_MEDIA_NONE}
---no-mmproj-offload :: 0 s/r N/H :: {_MEDIA_SERVE}
+--no-mmproj-offload :: 0 sr H
 --rpc :: 1 sr H
 -lm --load-mode :: 1 sr N=mmap :: weights are mapped unless --no-mmap; mlock and direct I/O are not implemented
 -lzm --lazy-mode :: 1 sr R :: weights are loaded when the engine is built
@@ -193,7 +194,7 @@ TABLE = f"""
 --props :: 0 s R :: POST /props is not implemented; GET /props is served
 --slots --no-slots :: 0 s H
 --slot-save-path :: 1 s H
---media-path :: 1 s R :: {_MEDIA}
+--media-path :: 1 s H
 --models-dir --models-preset --models-max :: 1 s R :: {_ROUTER}
 --models-autoload --no-models-autoload :: 0 s R :: {_ROUTER}
 --jinja --no-jinja :: 0 s/r H/R :: {_TEMPLATE_RUN}

@@ -273,6 +273,14 @@ def _slot_ctx(n_ctx: int, n_parallel: int, unified: bool, model: Path | None) ->
 @click.option("--skip-chat-parsing/--no-skip-chat-parsing", "skip_chat_parsing",
               default=False, help="Leave chat answers unparsed: reasoning and tool calls "
               "stay in the content.")
+@click.option("-mm", "--mmproj", "mmproj_path", type=click.Path(path_type=Path), default=None,
+              help="Vision projector GGUF (convert_hf_to_gguf.py --mmproj): requests may "
+              "send images (image_url parts, Anthropic image blocks, input_image).")
+@click.option("--no-mmproj-offload", "no_mmproj_offload", is_flag=True,
+              help="Encode images on the CPU (default: the projector's GPU device, if any).")
+@click.option("--media-path", "media_path", default=None, metavar="DIR",
+              type=click.Path(path_type=Path, exists=True, file_okay=False),
+              help="Directory for image_url file://NAME (default: file:// URLs refused).")
 @sampling_options
 @llama_flags("serve")
 @engine_config
@@ -289,7 +297,8 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
           tags: str | None = None, kv_unified: bool | None = None,
           endpoint_slots: bool = True, endpoint_metrics: bool = False,
           prefill_assistant: bool = True, verbose: bool = False,
-          fit_print: bool = False) -> None:
+          fit_print: bool = False, mmproj_path: Path | None = None,
+          no_mmproj_offload: bool = False, media_path: Path | None = None) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible and llama-server endpoints, continuous
     batching over -np slots, MTP speculation per request.
 
@@ -325,6 +334,8 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
                       or ctx.get_parameter_source("n_parallel") == ParameterSource.DEFAULT)
     config = replace(config, n_ctx=_slot_ctx(config.n_ctx, config.n_parallel, kv_unified,
                                              None if synthetic else model))
+    if mmproj_path is not None:
+        config = replace(config, mmproj=str(mmproj_path), mmproj_offload=not no_mmproj_offload)
     aliases = _names(alias)
     vertex = _vertex(port)
     if vertex is not None:
@@ -352,7 +363,9 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
                                      reasoning_budget=reasoning_budget,
                                      reasoning_budget_message=reasoning_budget_message,
                                      chat_template_kwargs=template_kwargs,
-                                     skip_chat_parsing=skip_chat_parsing, vertex=vertex)
+                                     skip_chat_parsing=skip_chat_parsing, vertex=vertex,
+                                     media_path=(str(media_path)
+                                                 if media_path is not None else None))
         try:
             app = create_app(engine, server_config, max_queue=max_queue)
         except ValueError as e:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from pyggspec.serving.http.chat_request import (
     render_chat,
 )
 from pyggspec.serving.http.chat_run import ChatRun, ThinkingPlan, plan_for
+from pyggspec.serving.http.media import chunk_ids, image_bytes, no_projector
 from pyggspec.serving.http.protocol import GenParams, get_bool, invalid, parse_gen
 from pyggspec.serving.http.state import ServerState
 
@@ -38,37 +39,52 @@ class ChatJob:
     gen: GenParams
     cache_prompt: bool
     plan: ThinkingPlan | None
+    media: Any = None  # the prompt's image rows (models.batch.MediaRows), None: text only
 
     async def start(self, state: ServerState, rid: str) -> Any:
         """Submit it; the handle (a scheduler request, or a :class:`ChatRun`) streams the
         answer's events."""
         if self.plan is not None:
             return await ChatRun(state, self.plan, self.ids, self.gen, rid,
-                                 self.cache_prompt).start()
-        return await state.submit(self.ids, self.gen, rid, self.cache_prompt)
+                                 self.cache_prompt, self.media).start()
+        return await state.submit(self.ids, self.gen, rid, self.cache_prompt,
+                                  media=self.media)
 
 
-async def render_ids(state: ServerState, chat: ChatRequest) -> tuple[ChatPrompt, list[int]]:
-    """The prompt and its tokens, off the event loop (a long conversation must not stall
-    the other streams)."""
+async def render_ids(state: ServerState, chat: ChatRequest,
+                     images: Sequence[tuple[str, str]] = ()) -> tuple[ChatPrompt, list[int], list]:
+    """The prompt, its tokens (EMBD_ROW at image rows) and its image chunks (``images``:
+    the (url, field) of each image part), off the event loop (a long conversation must not
+    stall the other streams)."""
 
-    def prepare() -> tuple[ChatPrompt, list[int]]:
+    def prepare() -> tuple[ChatPrompt, list[int], list]:
         prompt = render_chat(state.template, chat, state.config.skip_chat_parsing)
-        return prompt, state.tokenize_prompt([prompt.text])
+        if not images:
+            return prompt, state.tokenize_prompt([prompt.text]), []
+        if state.vision is None:
+            raise no_projector(images[0][1])
+        data = [image_bytes(url, state.vision.media_path, w) for url, w in images]
+        chunks = state.vision.chunks(prompt.text, data)
+        return prompt, chunk_ids(chunks), chunks
 
     return await asyncio.to_thread(prepare)
 
 
 async def prepare_chat(state: ServerState, body: Mapping[str, Any],
-                       messages: list[dict[str, Any]]) -> ChatJob:
+                       messages: list[dict[str, Any]],
+                       images: Sequence[tuple[str, str]] = ()) -> ChatJob:
     """Parse, render, tokenize and check a chat body (OpenAI's chat fields; HTTP 400 for
-    anything wrong) whose ``messages`` are parsed already."""
+    anything wrong) whose ``messages`` are parsed already (``images``: what
+    :func:`~.protocol.parse_messages` collected; encoded once the prompt fits)."""
     cfg = state.config
     chat = parse_chat_request(body, messages, cfg, state.template)
     gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict, api="chat",
                     tokenize=state.text_ids)
-    prompt, ids = await render_ids(state, chat)
+    prompt, ids, chunks = await render_ids(state, chat, images)
     state.check_context(ids, gen)
+    media = None
+    if chunks:
+        media = (await asyncio.to_thread(state.vision.rows, chunks)).media
     if prompt.tool_grammar is not None:
         if gen.grammar is not None:  # llama-server refuses a grammar with tools too
             raise invalid("Cannot use custom grammar constraints with a required tool call "
@@ -85,12 +101,14 @@ async def prepare_chat(state: ServerState, body: Mapping[str, Any],
         gen.grammar = dataclasses.replace(gen.grammar, after=THINK_CLOSE)
     return ChatJob(chat=chat, prompt=prompt, ids=ids, gen=gen,
                    cache_prompt=get_bool(body, "cache_prompt", True),
-                   plan=plan_for(prompt, chat.reasoning_budget, chat.reasoning_budget_message))
+                   plan=plan_for(prompt, chat.reasoning_budget, chat.reasoning_budget_message),
+                   media=media)
 
 
 async def count_prompt_tokens(state: ServerState, body: Mapping[str, Any],
-                              messages: list[dict[str, Any]]) -> int:
+                              messages: list[dict[str, Any]],
+                              images: Sequence[tuple[str, str]] = ()) -> int:
     """The prompt's token count of a chat body, as a request would be rendered (tools,
-    thinking, a continued final message); nothing is generated."""
+    thinking, a continued final message; an image counts its rows); nothing is generated."""
     chat = parse_chat_request(body, messages, state.config, state.template)
-    return len((await render_ids(state, chat))[1])
+    return len((await render_ids(state, chat, images))[1])

@@ -26,11 +26,12 @@ import asyncio
 import copy
 import dataclasses
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyggspec.sampling.grammar import GrammarSpec
 from pyggspec.sampling.params import DEFAULT_SEED
 from pyggspec.serving.http.chat_parse import CALL_OPEN, THINK_CLOSE, held_len
+from pyggspec.serving.http.media import extend_media
 from pyggspec.serving.http.protocol import ApiError, GenParams
 from pyggspec.serving.request import Event, RequestFailed, RequestHandle, RequestTimings, Result
 
@@ -103,13 +104,14 @@ class ChatRun:
     over the one or two scheduler requests of a chat answer with a :class:`ThinkingPlan`."""
 
     def __init__(self, state: ServerState, plan: ThinkingPlan, ids: list[int], gen: GenParams,
-                 rid: str, cache_prompt: bool) -> None:
+                 rid: str, cache_prompt: bool, media: Any = None) -> None:
         self.state = state
         self.plan = plan
         self.ids = ids
         self.gen = gen
         self.rid = rid
         self.cache_prompt = cache_prompt
+        self.media = media  # the prompt's image rows (None: text only)
         self.id = rid
         self._current: RequestHandle | None = None
         self._first: Result | None = None
@@ -141,7 +143,7 @@ class ChatRun:
                 self._result = f.result
         else:
             self._current = await self.state.submit(self.ids, self.first_params(), self.rid,
-                                                    self.cache_prompt)
+                                                    self.cache_prompt, media=self.media)
         return self
 
     # --- the handle's interface -------------------------------------------------------------
@@ -269,7 +271,9 @@ class ChatRun:
             raise _Finished(merge_results(self._first, self._bridge, empty, self.ids))
         try:
             # its prompt is the first's: progress was reported already
-            return await self.state.submit(ids, gen, self.rid, True, progress=False)
+            media = None if self.media is None else extend_media(self.media, len(done))
+            return await self.state.submit(ids, gen, self.rid, True, progress=False,
+                                           media=media)
         except ApiError as e:
             raise RequestFailed(f"continuing the answer failed: {e.message}") from None
 

@@ -133,7 +133,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         t_start = time.perf_counter()
         body = await read_body(request)
         model = state.model_name(body)
-        job = await prepare_chat(state, body, parse_messages(body))
+        images: list[tuple[str, str]] = []
+        job = await prepare_chat(state, body, parse_messages(body, images), images)
         gen, prompt = job.gen, job.prompt
         rid, created = oa.new_id("chatcmpl"), oa.now()
 

@@ -610,9 +610,11 @@ def parse_token_list(body: Mapping[str, Any], key: str, n_vocab: int) -> list[in
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """OpenAI chat messages with text content: content parts are joined into one string
-    (templates expect strings); images and audio are refused (no vision here)."""
+def parse_messages(body: Mapping[str, Any], images: list[tuple[str, str]] | None = None
+                   ) -> list[dict[str, Any]]:
+    """OpenAI chat messages: content parts are joined into one string (templates expect
+    strings). ``images``: each ``image_url`` part's (url, field) is appended there and the
+    part becomes the media marker text (llama-server's rule); None refuses image parts."""
     msgs = body.get("messages")
     if msgs is None:
         raise invalid("'messages' is required", "messages")
@@ -629,7 +631,7 @@ def parse_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
                           f"{where}.role")
         content = m.get("content")
         if isinstance(content, list):
-            content = _join_parts(content, f"{where}.content")
+            content = _join_parts(content, f"{where}.content", images)
         elif content is None:
             if role != "assistant":
                 raise invalid(f"'{where}.content' is required for role {role}",
@@ -683,15 +685,35 @@ def _tool_calls(v: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _join_parts(parts: Sequence[Any], where: str) -> str:
-    texts = []
+def _join_parts(parts: Sequence[Any], where: str,
+                images: list[tuple[str, str]] | None = None) -> str:
+    """Text parts joined by newlines, none next to a media marker (llama.cpp's
+    ``concat_content_parts``)."""
+    text, after_media = "", False
     for j, part in enumerate(parts):
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else _kind(part)
-            raise ApiError(400, f"'{where}[{j}]' is {kind!r} content; only text is supported",
-                           param=where, type="not_supported_error")
+        kind = part.get("type") if isinstance(part, dict) else _kind(part)
+        w = f"{where}[{j}]"
+        if kind == "image_url":
+            if images is None:
+                from pyggspec.serving.http.media import no_projector
+
+                raise no_projector(w)
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not isinstance(url, str):
+                raise invalid(f"'{w}.image_url.url' must be a string", w)
+            from pyggspec.serving.http.media import media_marker
+
+            images.append((url, w))
+            text += media_marker()
+            after_media = True
+            continue
+        if kind != "text":
+            raise ApiError(400, f"'{w}' is {kind!r} content; only text and image_url are "
+                           "supported", param=where, type="not_supported_error")
         t = part.get("text")
         if not isinstance(t, str):
-            raise invalid(f"'{where}[{j}].text' must be a string", where)
-        texts.append(t)
-    return "\n".join(texts)
+            raise invalid(f"'{w}.text' must be a string", where)
+        text += ("\n" if text and not after_media else "") + t
+        after_media = False
+    return text

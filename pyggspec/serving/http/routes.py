@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from pyggspec.serving.http import openai_api as oa
 from pyggspec.serving.http.chat_request import parse_chat_request, render_chat
+from pyggspec.serving.http.media import media_marker
 from pyggspec.serving.http.metrics import prometheus_text
 from pyggspec.serving.http.protocol import (
     ApiError,
@@ -52,7 +53,10 @@ def install(app: FastAPI, state: ServerState) -> None:
             meta["note"] = ("built-in SYNTHETIC demo model: random weights, constructed MTP "
                             "agreement; its text is meaningless")
         card = oa.model_card(cfg.model_id, state.created, meta, cfg.aliases, cfg.tags)
-        return JSONResponse({"models": [oa.ollama_model_entry(cfg.model_id)],
+        entry = oa.ollama_model_entry(cfg.model_id)
+        if state.vision is not None:  # llama-server: "multimodal" with a projector
+            entry["capabilities"] = ["completion", "multimodal"]
+        return JSONResponse({"models": [entry],
                              "object": "list", "data": [card]})
 
     @app.get("/props")
@@ -68,7 +72,9 @@ def install(app: FastAPI, state: ServerState) -> None:
                                             "speculative": state.speculative},
             "total_slots": state.n_parallel, "model_alias": cfg.model_id,
             "model_ftype": state.model_info.ftype, "model_path": cfg.model_path,
-            "modalities": {"vision": False, "video": False, "audio": False},
+            "modalities": {"vision": state.vision is not None, "video": False,
+                           "audio": False},
+            "media_marker": media_marker(),
             "endpoint_slots": cfg.endpoint_slots, "endpoint_props": False,
             "endpoint_metrics": cfg.endpoint_metrics,
             "ui": False, "chat_template": state.template.source,
@@ -135,7 +141,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         """A chat request's prompt, rendered as a chat request renders it (tools, thinking,
         a continued final message)."""
         body = await read_body(request)
-        chat = parse_chat_request(body, parse_messages(body), state.config, state.template)
+        chat = parse_chat_request(body, parse_messages(body, []), state.config,
+                                  state.template)
         prompt = await asyncio.to_thread(render_chat, state.template, chat,
                                          cfg.skip_chat_parsing)
         return prompt.text

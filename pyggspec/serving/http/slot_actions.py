@@ -34,15 +34,16 @@ NO_SAVE_PATH = ("This server does not support slots action. Start it with "
                 "`--slot-save-path`")
 
 
-def valid_filename(name: str) -> bool:
-    """llama.cpp's ``fs_validate_filename`` (no subdirectories): a plain file name of at
-    most 255 bytes, no path separators, controls or reserved characters, no ``..``, no
-    leading or trailing space, no trailing dot."""
+def valid_filename(name: str, subdirs: bool = False) -> bool:
+    """llama.cpp's ``fs_validate_filename``: a plain file name of at most 255 bytes, no
+    path separators (``subdirs``: '/' and '\\' allowed), controls or reserved characters,
+    no ``..``, no leading or trailing space, no trailing dot."""
     if not name or len(name.encode("utf-8", "surrogatepass")) > 255:
         return False
     for ch in name:
         c = ord(ch)
-        if c <= 0x1F or 0x80 <= c <= 0x9F or 0xD800 <= c <= 0xDFFF or c in _FORBIDDEN:
+        bad = c <= 0x1F or 0x80 <= c <= 0x9F or 0xD800 <= c <= 0xDFFF or c in _FORBIDDEN
+        if bad and not (subdirs and ch in "/\\"):
             return False
     if name[0] == " " or name[-1] in " .":
         return False

@@ -64,6 +64,7 @@ class ServerConfig:
     endpoint_metrics: bool = True  # serve's --metrics (off there, as llama-server): else 501
     verbose: bool = False  # serve's --verbose: responses carry __verbose unless asked not to
     vertex: VertexAI | None = None  # AIP_MODE=PREDICTION: Vertex AI's /predict (vertex.py)
+    media_path: str | None = None  # --media-path: image_url file:// names are read here
 
 
 class ServerState:
@@ -89,6 +90,11 @@ class ServerState:
         self.metrics = ServeMetrics(self.n_max)
         self.model_info = ModelInfo.of(self.engine)
         self.created = oa.now()
+        self.vision = None  # media.Vision over the engine's projector (--mmproj), or None
+        if getattr(self.engine, "projector", None) is not None:
+            from pyggspec.serving.http.media import Vision
+
+            self.vision = Vision(self.engine.projector, self.tokenizer, config.media_path)
         self.started = False
         self._pending: set[asyncio.Future] = set()
 
@@ -140,7 +146,8 @@ class ServerState:
 
     # --- submitting and finishing ----------------------------------------------------------
     async def submit(self, ids: list[int], gen: GenParams, rid: str,
-                     cache_prompt: bool = True, progress: bool | None = None) -> RequestHandle:
+                     cache_prompt: bool = True, progress: bool | None = None,
+                     media: Any = None) -> RequestHandle:
         """Queue the request (off the event loop: submit may wait for the scheduler's lock
         while a step runs); scheduler refusals become HTTP errors. ``progress``: the
         handle's events include prompt progress (default: when streamed, which is where
@@ -157,7 +164,8 @@ class ServerState:
                          n_draft_max=gen.n_draft_max, cache_prompt=cache_prompt, id=rid,
                          logprobs=gen.n_probs, post_sampling_probs=gen.post_sampling_probs,
                          grammar=gen.grammar, slot=gen.slot,
-                         progress=gen.stream if progress is None else progress)
+                         progress=gen.stream if progress is None else progress,
+                         media=media)
         try:
             return await asyncio.to_thread(self.scheduler.submit, req)
         except RequestError as e:

@@ -1,0 +1,105 @@
+"""Images through the HTTP server (issue 52): OpenAI chat ``image_url`` parts with base64
+data URIs, ``/props`` and ``/v1/models`` modality, and the 400s for bad image input.
+
+Oracle: ``Engine.generate`` on the same rendered prompt with the same image (greedy tokens
+identical); the projector is ``write_mmproj``'s, the text model the project's f32 one."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pyggspec.engine import Engine
+from pyggspec.serving.http.app import create_app
+from pyggspec.serving.http.chat import CHATML
+from pyggspec.serving.http.state import ServerConfig
+from pyggspec.testing.hf_vision import VisionSpec, png_bytes, test_image_pixels, write_mmproj
+
+N = 6
+
+
+@pytest.fixture(scope="module")
+def files(models, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("serveimg")
+    return {"model": models.dense(dtype="f32"),
+            "mmproj": write_mmproj(d / "mmproj.gguf", VisionSpec(), 64), "dir": d}
+
+
+@pytest.fixture(scope="module")
+def png() -> bytes:
+    return png_bytes(test_image_pixels(120, 90, seed=3))
+
+
+@pytest.fixture(scope="module")
+def engine(files):
+    with Engine(files["model"], n_ctx=256, n_parallel=2, n_threads=1,
+                mmproj=files["mmproj"], mmproj_offload=False) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def http(engine, files):
+    (files["dir"] / "img.png").write_bytes(png_bytes(test_image_pixels(120, 90, seed=3)))
+    app = create_app(engine, ServerConfig(model_id="vl", chat_template=CHATML,
+                                          media_path=str(files["dir"])))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+def _chat(url: str, text: str = "Look here") -> dict:
+    return {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": url}}]}],
+        "max_tokens": N, "ignore_eos": True, "temperature": 0, "return_tokens": True}
+
+
+def _uri(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def test_chat_image_matches_engine(http, engine, png):
+    r = http.post("/v1/chat/completions", json=_chat(_uri(png)))
+    assert r.status_code == 200, r.text
+    out = r.json()
+    prompt = "<|im_start|>user\nLook here<__media__><|im_end|>\n<|im_start|>assistant\n"
+    ref = engine.generate(prompt, max_tokens=N, ignore_eos=True, images=[png])
+    assert out["choices"][0]["message"]["content"] == ref.text
+    assert out["usage"]["prompt_tokens"] == len(ref.prompt_tokens) > 10
+    # the same image from --media-path
+    r = http.post("/v1/chat/completions", json=_chat("file://img.png"))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == ref.text
+
+
+def test_props_and_models(http):
+    props = http.get("/props").json()
+    assert props["modalities"]["vision"] is True and props["modalities"]["audio"] is False
+    assert "multimodal" in http.get("/v1/models").json()["models"][0]["capabilities"]
+
+
+@pytest.mark.parametrize("url", [
+    "data:text/html;base64,aGVsbG8=",  # not an image mime
+    "data:image/png;base64,bm90IGFuIGltYWdl",  # not image bytes
+    "malformed",
+    "file://../img.png",  # outside --media-path
+    "file://missing.png",
+])
+def test_bad_images_are_400(http, url):
+    r = http.post("/v1/chat/completions", json=_chat(url))
+    assert r.status_code == 400, r.text
+
+
+def test_image_larger_than_context_is_400(http):
+    big = png_bytes(test_image_pixels(640, 640, seed=1))
+    r = http.post("/v1/chat/completions", json=_chat(_uri(big)))
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+
+
+def test_no_projector_is_400(models):
+    with Engine(models.dense(dtype="f32"), n_ctx=128, n_threads=1) as e, \
+            TestClient(create_app(e, ServerConfig(model_id="t", chat_template=CHATML))) as c:
+        r = c.post("/v1/chat/completions", json=_chat("data:image/png;base64,AAAA"))
+        assert r.status_code == 400 and "--mmproj" in r.json()["error"]["message"]
+        assert c.get("/props").json()["modalities"]["vision"] is False
