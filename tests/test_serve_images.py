@@ -103,3 +103,32 @@ def test_no_projector_is_400(models):
         r = c.post("/v1/chat/completions", json=_chat("data:image/png;base64,AAAA"))
         assert r.status_code == 400 and "--mmproj" in r.json()["error"]["message"]
         assert c.get("/props").json()["modalities"]["vision"] is False
+
+
+def test_bad_image_beside_a_stream(http, png):
+    """-np 2: a streamed text chat runs while an image request fails; the stream ends as
+    the same chat alone does."""
+    text = {"messages": [{"role": "user", "content": "a text prompt"}], "max_tokens": N,
+            "ignore_eos": True, "temperature": 0}
+    alone = http.post("/v1/chat/completions", json=text).json()["choices"][0]["message"]
+    with http.stream("POST", "/v1/chat/completions", json={**text, "stream": True}) as s:
+        bad = http.post("/v1/chat/completions", json=_chat("data:image/png;base64,AAAA"))
+        body = "".join(s.iter_text())
+    assert bad.status_code == 400
+    assert '"finish_reason":"length"' in body.replace(" ", "")
+    again = http.post("/v1/chat/completions", json=text).json()["choices"][0]["message"]
+    assert again == alone
+
+
+def test_speculative_image_chat_is_lossless(files, png):
+    """--spec-type draft-mtp: the same greedy text as plain decoding over an image chat."""
+    outs = []
+    for spec in (None, "draft-mtp"):
+        with Engine(files["model"], n_ctx=256, n_threads=1, spec_type=spec,
+                    mmproj=files["mmproj"], mmproj_offload=False) as e, \
+                TestClient(create_app(e, ServerConfig(model_id="vl",
+                                                      chat_template=CHATML))) as c:
+            r = c.post("/v1/chat/completions", json=_chat(_uri(png)))
+            assert r.status_code == 200, r.text
+            outs.append(r.json()["choices"][0]["message"]["content"])
+    assert outs[0] == outs[1]
