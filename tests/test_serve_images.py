@@ -132,3 +132,19 @@ def test_speculative_image_chat_is_lossless(files, png):
             assert r.status_code == 200, r.text
             outs.append(r.json()["choices"][0]["message"]["content"])
     assert outs[0] == outs[1]
+
+
+def test_completion_multimodal_data(http, engine, png):
+    """llama-server's /completion prompt object: the server's marker places the image."""
+    marker = http.get("/props").json()["media_marker"]
+    text = "Look " + marker + " here"
+    r = http.post("/completion", json={"prompt": {"prompt_string": text, "multimodal_data": [
+        base64.b64encode(png).decode()]}, "n_predict": N, "ignore_eos": True,
+        "temperature": 0})
+    assert r.status_code == 200, r.text
+    ref = engine.generate("Look <__media__> here", max_tokens=N, ignore_eos=True, images=[png])
+    assert r.json()["content"] == ref.text
+    for bad in (["malformed"], [""]):
+        r = http.post("/completion", json={"prompt": {"prompt_string": text,
+                                                      "multimodal_data": bad}})
+        assert r.status_code == 400, r.text

@@ -254,7 +254,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         t_start = time.perf_counter()
         body = await read_body(request)
         model = state.model_name(body)
-        prompts = parse_prompts(body, state.n_vocab)
+        prompts = parse_prompts(body, state.n_vocab, media=True)
         gen = parse_gen(body, cfg.sampling, state.n_vocab, cfg.n_predict,
                         tokenize=state.text_ids)
         settings = state.settings(gen)
@@ -265,11 +265,10 @@ def install(app: FastAPI, state: ServerState) -> None:
                                          gen.return_tokens, state.n_ctx,
                                          logprob_objects(state, gen, r.logprobs)), index=i)
                 for i, r in enumerate(results)])
-        ids = await asyncio.to_thread(state.tokenize_prompt, prompts[0])
-        state.check_context(ids, gen)
+        ids, media = await asyncio.to_thread(state.prompt_rows, prompts[0], gen)
         prompt_echo = body.get("prompt")
         handle = await state.submit(ids, gen, oa.new_id("cmpl"),
-                                    get_bool(body, "cache_prompt", True))
+                                    get_bool(body, "cache_prompt", True), media=media)
         return await answer_llama(state, request, handle, t_start, gen, model, settings,
                                   prompt_echo)
 

@@ -535,8 +535,17 @@ def _is_id(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def parse_prompts(body: Mapping[str, Any], n_vocab: int, key: str = "prompt"
-                  ) -> list[list[Any]]:
+@dataclass(frozen=True)
+class ImagePrompt:
+    """llama-server's ``{"prompt_string": TEXT, "multimodal_data": [BASE64, ...]}``: one
+    media marker in TEXT per image."""
+
+    text: str
+    data: tuple[str, ...]
+
+
+def parse_prompts(body: Mapping[str, Any], n_vocab: int, key: str = "prompt",
+                  media: bool = False) -> list[list[Any]]:
     """llama-server's prompt shapes (``tokenize_input_prompts``): one prompt, or an array
     without token ids at its top level holding several; each is a string, token ids, a mix
     (``[12, "text", 34]``) or ``{"prompt_string": TEXT}`` (``multimodal_data`` there is a
@@ -550,8 +559,8 @@ def parse_prompts(body: Mapping[str, Any], n_vocab: int, key: str = "prompt"
         if len(p) > MAX_PROMPTS:
             raise invalid(f"'{key}' holds {len(p)} prompts; at most {MAX_PROMPTS} per "
                           "request", key)
-        return [_one_prompt(x, n_vocab, key) for x in p]
-    return [_one_prompt(p, n_vocab, key)]
+        return [_one_prompt(x, n_vocab, key, media and len(p) == 1) for x in p]
+    return [_one_prompt(p, n_vocab, key, media)]
 
 
 def parse_prompt(body: Mapping[str, Any], n_vocab: int, key: str = "prompt") -> list[Any]:
@@ -562,9 +571,17 @@ def parse_prompt(body: Mapping[str, Any], n_vocab: int, key: str = "prompt") -> 
     return prompts[0]
 
 
-def _one_prompt(p: Any, n_vocab: int, key: str) -> list[Any]:
+def _one_prompt(p: Any, n_vocab: int, key: str, media: bool = False) -> list[Any]:
     if isinstance(p, dict):
-        if p.get("multimodal_data") is not None:
+        data = p.get("multimodal_data")
+        if media and data is not None:
+            text = p.get("prompt_string")
+            if not isinstance(text, str) or not isinstance(data, list) \
+                    or not all(isinstance(d, str) for d in data):
+                raise invalid(f"'{key}' with multimodal_data needs 'prompt_string' (a string) "
+                              "and 'multimodal_data' (an array of base64 strings)", key)
+            return [ImagePrompt(text, tuple(data))]
+        if data is not None:
             raise ApiError(400, f"'{key}.multimodal_data': multimodal input is not supported "
                            "(Qwen3.5 text models only)", param=key, type="not_supported_error")
         text = p.get("prompt_string")

@@ -111,6 +111,25 @@ class ServerState:
                 ids.append(int(p))
         return ids
 
+    def prompt_rows(self, parts: list[Any], gen: GenParams) -> tuple[list[int], Any]:
+        """A parsed prompt's ids (EMBD_ROW at image rows), checked against the context, and
+        its image rows (None: text only); images are encoded once the prompt fits."""
+        from pyggspec.serving.http.media import _b64, chunk_ids, no_projector
+        from pyggspec.serving.http.protocol import ImagePrompt
+
+        if not (parts and isinstance(parts[0], ImagePrompt)):
+            ids = self.tokenize_prompt(parts)
+            self.check_context(ids, gen)
+            return ids, None
+        if self.vision is None:
+            raise no_projector("prompt.multimodal_data")
+        p = parts[0]
+        data = [_b64(d, "prompt.multimodal_data") for d in p.data]
+        chunks = self.vision.chunks(p.text, data, "prompt")
+        ids = chunk_ids(chunks)
+        self.check_context(ids, gen)
+        return ids, self.vision.rows(chunks).media
+
     def text_ids(self, text: str) -> list[int]:
         """``text``'s tokens without special tokens (``logit_bias`` keyed by text, as
         llama-server's ``common_tokenize(vocab, text, false)``)."""
