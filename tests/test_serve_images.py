@@ -148,3 +148,22 @@ def test_completion_multimodal_data(http, engine, png):
         r = http.post("/completion", json={"prompt": {"prompt_string": text,
                                                       "multimodal_data": bad}})
         assert r.status_code == 400, r.text
+
+
+def test_anthropic_image_blocks(http, png):
+    """Anthropic ``image`` blocks (base64 source), in a message and in a tool result."""
+    src = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png).decode()}
+    r = http.post("/v1/messages", json={"max_tokens": N, "messages": [{"role": "user", "content": [
+        {"type": "image", "source": src}, {"type": "text", "text": "What is this?"}]}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["type"] in ("text", "thinking")
+    r = http.post("/v1/messages", json={"max_tokens": N, "messages": [
+        {"role": "user", "content": "look"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "read",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "File: a.png"}, {"type": "image", "source": src}]}]}]})
+    assert r.status_code == 200, r.text
+    n = http.post("/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": [
+        {"type": "image", "source": src}]}]}).json()["input_tokens"]
+    assert n > 10

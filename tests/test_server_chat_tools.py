@@ -99,7 +99,7 @@ def script(app, monkeypatch):
     seen: list[tuple[list[int], Any]] = []
     texts: list[str] = []
 
-    async def submit(ids, gen, rid, cache_prompt=True, progress=None):
+    async def submit(ids, gen, rid, cache_prompt=True, progress=None, media=None):
         seen.append((list(ids), gen))
         return Scripted(rid, list(ids), gen, texts.pop(0), state.n_vocab)
 
@@ -293,7 +293,7 @@ def test_server_wide_reasoning_settings(engine, model_path, monkeypatch):
                      manage_scheduler=False)
     state = app.state.pyggspec
 
-    async def submit(ids, gen, rid, cache_prompt=True, progress=None):
+    async def submit(ids, gen, rid, cache_prompt=True, progress=None, media=None):
         return Scripted(rid, ids, gen, "Hi.", state.n_vocab)
 
     monkeypatch.setattr(state, "submit", submit)
@@ -419,7 +419,7 @@ def test_real_qwen35_template_end_to_end(engine, model_path, monkeypatch):
     state = app.state.pyggspec
     prompts: list[list[int]] = []
 
-    async def submit(ids, gen, rid, cache_prompt=True, progress=None):
+    async def submit(ids, gen, rid, cache_prompt=True, progress=None, media=None):
         prompts.append(list(ids))
         return Scripted(rid, ids, gen, "The user wants the weather.\n</think>\n\n" + CALL,
                         state.n_vocab)

@@ -63,7 +63,7 @@ def script(app, monkeypatch):
     state = app.state.pyggspec
     texts: list[str] = []
 
-    async def submit(ids, gen, rid, cache_prompt=True, progress=None):
+    async def submit(ids, gen, rid, cache_prompt=True, progress=None, media=None):
         return Scripted(rid, list(ids), gen, texts.pop(0), state.n_vocab)
 
     monkeypatch.setattr(state, "submit", submit)

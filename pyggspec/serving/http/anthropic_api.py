@@ -13,9 +13,9 @@ back as Anthropic content blocks (``thinking`` with an empty ``signature``, ``te
 
 Errors, client mistakes included, are Anthropic's: ``{"type": "error", "error": {"type":
 "invalid_request_error", "message": ...}}`` with the HTTP status. Where we differ from
-llama-server: image and document blocks are a 400 (text models only; llama-server answers
-500), the tool results of a user message come before its text (they answer the previous
-turn's calls), and a client stop sequence ends with ``stop_reason`` ``stop_sequence`` as
+llama-server: image blocks become chat image_url parts as there, but a server without
+--mmproj answers 400 (llama-server 500); document blocks are a 400; the tool results of a
+user message come before its text (they answer the previous turn's calls); and a client stop sequence ends with ``stop_reason`` ``stop_sequence`` as
 Anthropic's API says (llama-server says ``end_turn``).
 """
 
@@ -101,9 +101,30 @@ def _system_text(text: str) -> str:
     return _BILLING.sub(r"\1fffff;", text, count=1)
 
 
-def _blocks_text(v: Any, where: str) -> str:
-    """A string, or text blocks joined by newlines (as chat content parts are); image and
-    document blocks are refused (text models only)."""
+def _image_part(b: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """An ``image`` block as a chat ``image_url`` part (llama-server's conversion: a base64
+    source as a data URI, a url source as its URL)."""
+    src = b.get("source")
+    kind = src.get("type") if isinstance(src, dict) else None
+    if kind == "base64":
+        url = f"data:{src.get('media_type', 'image/jpeg')};base64,{src.get('data', '')}"
+    elif kind == "url":
+        url = src.get("url", "")
+    else:
+        raise invalid(f"'{where}.source.type' must be base64 or url, got {kind!r}", where)
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _text_or_parts(texts: list[str], parts: list[dict[str, Any]]) -> Any:
+    """Text blocks joined by newlines, or chat content parts when an image is among them."""
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
+    return "\n".join(texts)
+
+
+def _blocks_text(v: Any, where: str) -> Any:
+    """A string, or text blocks joined by newlines (as chat content parts are), or chat
+    content parts when they hold images; document blocks are refused."""
     if isinstance(v, str):
         return v
     if v is None:
@@ -111,18 +132,22 @@ def _blocks_text(v: Any, where: str) -> str:
     if not isinstance(v, list):
         raise invalid(f"'{where}' must be a string or an array of content blocks, got "
                       f"{_kind(v)}", where)
-    texts = []
+    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for j, b in enumerate(v):
         w = f"{where}[{j}]"
         kind = b.get("type") if isinstance(b, dict) else None
-        if kind in ("image", "document"):
-            raise unsupported(f"'{w}': {kind} input is not supported (pyggspec serve runs text "
-                              "models)", w)
+        if kind == "image":
+            parts.append(_image_part(b, w))
+            continue
+        if kind == "document":
+            raise unsupported(f"'{w}': document input is not supported", w)
         if kind != "text" or not isinstance(b.get("text"), str):
             raise invalid(f"'{w}' must be a text block ({{\"type\": \"text\", \"text\": ...}}), "
                           f"got type {kind!r}", w)
         texts.append(b["text"])
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": b["text"]})
+    return _text_or_parts(texts, parts)
 
 
 def _message(m: Any, where: str) -> list[dict[str, Any]]:
@@ -142,6 +167,7 @@ def _message(m: Any, where: str) -> list[dict[str, Any]]:
         raise invalid(f"'{where}.content' must be a string or an array of content blocks, got "
                       f"{_kind(content)}", f"{where}.content")
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
@@ -150,6 +176,9 @@ def _message(m: Any, where: str) -> list[dict[str, Any]]:
         kind = b.get("type") if isinstance(b, dict) else None
         if kind == "text":
             texts.append(field_str(b, "text", w))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image":
+            parts.append(_image_part(b, w))
         elif kind == "thinking":
             reasoning.append(field_str(b, "thinking", w))
         elif kind == "redacted_thinking":
@@ -164,15 +193,14 @@ def _message(m: Any, where: str) -> list[dict[str, Any]]:
         elif kind == "tool_result":
             results.append({"role": "tool", "tool_call_id": field_str(b, "tool_use_id", w),
                             "content": _blocks_text(b.get("content"), f"{w}.content")})
-        elif kind in ("image", "document"):
-            raise unsupported(f"'{w}': {kind} input is not supported (pyggspec serve runs text "
-                              "models)", w)
+        elif kind == "document":
+            raise unsupported(f"'{w}': document input is not supported", w)
         else:
             raise invalid(f"'{w}.type' must be text, thinking, tool_use or tool_result, got "
                           f"{kind!r}", f"{w}.type")
     out = list(results)
-    if texts or calls or reasoning or not results:
-        msg: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+    if parts or calls or reasoning or not results:
+        msg: dict[str, Any] = {"role": role, "content": _text_or_parts(texts, parts)}
         if reasoning:
             msg["reasoning_content"] = "".join(reasoning)
         if calls:
@@ -187,7 +215,11 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     system = body.get("system")
     if system is not None:
-        out.append({"role": "system", "content": _system_text(_blocks_text(system, "system"))})
+        text = _blocks_text(system, "system")
+        if not isinstance(text, str):
+            raise unsupported("'system': image blocks are not supported in the system prompt",
+                              "system")
+        out.append({"role": "system", "content": _system_text(text)})
     msgs = body.get("messages")
     if msgs is None:
         raise invalid("'messages' is required", "messages")
@@ -266,9 +298,11 @@ def chat_body(body: Mapping[str, Any], generating: bool = True) -> dict[str, Any
     return out
 
 
-def parsed_messages(chat: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The chat messages, validated (none at all is allowed here)."""
-    return parse_messages(chat) if chat["messages"] else []
+def parsed_messages(chat: Mapping[str, Any], images: list[tuple[str, str]]
+                    ) -> list[dict[str, Any]]:
+    """The chat messages, validated (none at all is allowed here); image parts collected in
+    ``images``."""
+    return parse_messages(chat, images) if chat["messages"] else []
 
 
 # ---------------------------------------------------------------------------- response
@@ -369,7 +403,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         body = await read_body(request)
         model = state.model_name(body)
         chat = chat_body(body)
-        job = await prepare_chat(state, chat, parsed_messages(chat))
+        images: list[tuple[str, str]] = []
+        job = await prepare_chat(state, chat, parsed_messages(chat, images), images)
         mid = f"msg_{secrets.token_hex(12)}"
         handle = await job.start(state, mid)
         if not job.gen.stream:
@@ -413,5 +448,6 @@ def install(app: FastAPI, state: ServerState) -> None:
         """The prompt's token count of a Messages body (``max_tokens`` not needed)."""
         body = await read_body(request)
         chat = chat_body(body, generating=False)
-        n = await count_prompt_tokens(state, chat, parsed_messages(chat))
+        images: list[tuple[str, str]] = []
+        n = await count_prompt_tokens(state, chat, parsed_messages(chat, images), images)
         return JSONResponse({"input_tokens": n})
