@@ -167,3 +167,14 @@ def test_anthropic_image_blocks(http, png):
     n = http.post("/v1/messages/count_tokens", json={"messages": [{"role": "user", "content": [
         {"type": "image", "source": src}]}]}).json()["input_tokens"]
     assert n > 10
+
+
+def test_responses_input_image(http, png):
+    r = http.post("/v1/responses", json={"max_output_tokens": N, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "What is this?"},
+                                     {"type": "input_image", "image_url": _uri(png)}]}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] > 10
+    r = http.post("/v1/responses", json={"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "data:text/html;base64,aGVsbG8="}]}]})
+    assert r.status_code == 400

@@ -198,7 +198,7 @@ def test_responses_input_items_render_as_chat(http):
     ({"input": 5}, "input"),
     ({"input": []}, "input"),
     ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
      "input[0].content[0]"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role"),

@@ -120,25 +120,36 @@ def input_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     return msgs
 
 
-def _text_parts(content: Any, where: str, kinds: tuple[str, ...]) -> str:
+def _text_parts(content: Any, where: str, kinds: tuple[str, ...],
+                images: bool = False) -> Any:
     """A string, or content parts of the given text ``kinds`` (joined by newlines, as chat
-    content parts are); images and files are refused (text models only)."""
+    content parts are); ``images``: ``input_image`` parts are taken too, and then the
+    content is chat content parts (llama-server's conversion); files are refused."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid(f"'{where}' must be a string or an array of content parts, got "
                       f"{_kind(content)}", where)
-    texts = []
+    texts, parts = [], []
     for j, part in enumerate(content):
         w = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images:
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise invalid(f"'{w}.image_url' is required (a URL or data URI)", w)
+            parts.append({"type": "image_url", "image_url": {"url": url}})
+            continue
         if kind in ("input_image", "input_file", "input_audio"):
             raise unsupported(f"'{w}': {kind.removeprefix('input_')} input is not supported "
-                              "(pyggspec serve runs text models)", w)
+                              "here", w)
         if kind not in kinds:
             raise invalid(f"'{w}.type' must be one of {', '.join(kinds)}, got {kind!r}",
                           f"{w}.type")
         texts.append(field_str(part, "refusal" if kind == "refusal" else "text", w))
+        parts.append({"type": "text", "text": texts[-1]})
+    if any(p["type"] == "image_url" for p in parts):
+        return parts
     return "\n".join(texts)
 
 
@@ -158,7 +169,7 @@ def _add_item(msgs: list[dict[str, Any]], item: Any, where: str) -> None:
         raise invalid(f"'{where}' must be an object, got {_kind(item)}", where)
     kind, role = item.get("type"), item.get("role")
     if kind in (None, "message") and role in ("user", "system", "developer"):
-        text = _text_parts(item.get("content"), f"{where}.content", ("input_text",))
+        text = _text_parts(item.get("content"), f"{where}.content", ("input_text",), True)
         msgs.append({"role": role, "content": text})
     elif kind in (None, "message") and role == "assistant":
         text = _text_parts(item.get("content"), f"{where}.content",
@@ -175,7 +186,7 @@ def _add_item(msgs: list[dict[str, Any]], item: Any, where: str) -> None:
         _assistant(msgs).setdefault("tool_calls", []).append(call)
     elif kind == "function_call_output":
         out = item.get("output")
-        text = _text_parts(out, f"{where}.output", ("input_text", "output_text"))
+        text = _text_parts(out, f"{where}.output", ("input_text", "output_text"), True)
         msgs.append({"role": "tool", "tool_call_id": field_str(item, "call_id", where),
                      "content": text})
     elif kind == "reasoning":
@@ -385,7 +396,8 @@ def install(app: FastAPI, state: ServerState) -> None:
         body = await read_body(request)
         model = state.model_name(body)
         chat = chat_body(body)
-        job = await prepare_chat(state, chat, parse_messages(chat))
+        images: list[tuple[str, str]] = []
+        job = await prepare_chat(state, chat, parse_messages(chat, images), images)
         shape = ResponseShape(body, model)
         handle = await job.start(state, shape.id)
         if not job.gen.stream:
@@ -418,5 +430,6 @@ def install(app: FastAPI, state: ServerState) -> None:
         """The prompt's token count of a Responses body (nothing is generated)."""
         body = await read_body(request)
         chat = chat_body(body)
-        n = await count_prompt_tokens(state, chat, parse_messages(chat))
+        images: list[tuple[str, str]] = []
+        n = await count_prompt_tokens(state, chat, parse_messages(chat, images), images)
         return JSONResponse({"object": "response.input_tokens", "input_tokens": n})
