@@ -6,6 +6,9 @@ What it changes, and why:
 * ``wget`` (the suite's only downloader, ``utils.download_file``) is a stub that fails: these
   runs must never download anything. A test that needs a downloaded file fails, and is then
   listed in ``model_specific.toml``.
+* ``requests.get`` of the suite's test images (tinygemma3's ``test/*.png`` on Hugging Face,
+  which test_vision_api.py fetches to send as base64) answers a generated PNG instead, so
+  the model-independent assertions (status codes, token counts) run without a network.
 * ``ServerPreset.load_all`` (a session fixture that starts every preset once so that its
   model is downloaded before the tests) does nothing: the launcher's models are local.
 * The tests listed in ``model_specific.toml`` get their mark: ``model-specific`` and
@@ -44,6 +47,35 @@ def _no_download(url: str, out: str | None = None) -> str:
 _wget = types.ModuleType("wget")
 _wget.download = _no_download  # type: ignore[attr-defined]
 sys.modules["wget"] = _wget
+
+
+TEST_IMAGES = ("https://huggingface.co/ggml-org/tinygemma3-GGUF/resolve/main/test/",)
+
+
+def _patch_requests() -> None:
+    """``requests.get`` answers the known test-image URLs with a generated PNG (seeded by
+    the URL); any other URL goes to the real function (and fails without a network)."""
+    try:
+        import requests
+    except ImportError:
+        return
+    from pyggspec.testing.hf_vision import png_bytes, test_image_pixels
+
+    real = requests.get
+
+    def get(url: str, *a: Any, **kw: Any) -> Any:
+        if isinstance(url, str) and url.startswith(TEST_IMAGES):
+            r = requests.Response()
+            r.status_code, r.url = 200, url
+            r._content = png_bytes(test_image_pixels(96, 64, seed=len(url)))
+            r.headers["Content-Type"] = "image/png"
+            return r
+        return real(url, *a, **kw)
+
+    requests.get = get
+
+
+_patch_requests()
 
 
 def load_list(path: Path = LIST) -> dict[str, dict[str, str]]:
