@@ -245,8 +245,12 @@ class Engine:
     @cached_property
     def model_identity(self) -> dict[str, Any]:
         """What a slot file records about this model and checks on restore
-        (:func:`pyggspec.modelfile.identity.model_identity`)."""
-        return model_identity(self._parts.model)
+        (:func:`pyggspec.modelfile.identity.model_identity`), and the projector (a slot's
+        image rows are only the same image under the projector that encoded them)."""
+        p = self.projector
+        return {**model_identity(self._parts.model),
+                "projector": None if p is None else {"file": p.path.name,
+                                                     "fingerprint": p.info.fingerprint}}
 
     def slot_action(self, action: str, slot: int,
                     path: str | os.PathLike | None = None) -> Future:

@@ -35,6 +35,7 @@ from pyggspec.errors import OutOfMemory, PyggspecError
 from pyggspec.memory import slotfile
 from pyggspec.memory.slots import SlotMemory
 from pyggspec.models.batch import (
+    EMBD_ROW,
     MediaRows,
     SlotRows,
     StepResult,
@@ -90,6 +91,7 @@ class Worker:
         self.lengths = parts.lengths
         self.n_ctx = parts.n_ctx
         self.n_vocab = parts.n_vocab
+        self.n_embd = parts.hp.n_embd  # an image row's width
         self.n_ubatch = parts.cfg.n_ubatch
         self.n_batch = parts.cfg.n_batch
         self.n_parallel = parts.cfg.n_parallel
@@ -484,10 +486,12 @@ class Worker:
         allows (the committed tokens, else the newest checkpoint inside the common prefix)
         and start its sampler chain. ``media``: the prompt's image rows (its EMBD_ROW ids).
         Returns the prompt tokens reused."""
-        start = self._resume(slot, prompt, reuse, spec)
-        self.rows.truncate(slot, start)  # nothing past the first image row is reused
-        if media is not None:  # the prompt's rows from cell 0 (they start at position 0)
+        start = self._resume(slot, prompt, reuse, spec, media)
+        if media is not None:  # the prompt's rows from cell 0 (the reused ones the same)
+            self.rows.clear(slot)
             self.rows.add(slot, 0, media)
+        else:  # nothing past the slot's first image row was reused
+            self.rows.truncate(slot, start)
         # image rows are no tokens to penalise
         self.samplers.start(slot, prompt if media is None else [t for t in prompt if t >= 0],
                             params)
@@ -495,13 +499,14 @@ class Worker:
             self.drafter.begin(slot, prompt)
         return start
 
-    def _resume(self, slot: int, prompt: list[int], reuse: bool, spec: bool) -> int:
-        """Keep what the slot holds of ``prompt``. With the MTP head drafting, only where
-        its cache holds the same positions (the carry-over, checkpoints keep it)."""
+    def _resume(self, slot: int, prompt: list[int], reuse: bool, spec: bool,
+                media: MediaRows | None) -> int:
+        """Keep what the slot holds of ``prompt`` (image rows where they are the same
+        image). With the MTP head drafting, only where its cache holds the same positions
+        (the carry-over, checkpoints keep it)."""
         mem, mtp = self.memory, self.mtp_drafter if spec else None
         c = min(common_prefix(mem.tokens(slot), prompt) if reuse else 0, len(prompt) - 1)
-        # image rows are not reused yet: their ids (EMBD_ROW) do not say which image
-        c = min(c, _first_embd_row(prompt), _first_embd_row(mem.tokens(slot)))
+        c = self.rows.same_images(slot, media, c)
         start, carry = 0, None
         if c > 0:
             if mtp is not None:
@@ -560,11 +565,11 @@ class Worker:
         """Write ``slot``'s whole state (memory, and the MTP head's carry-over when it
         drafts) to ``path``. Returns (tokens saved, bytes written)."""
         self.check_slot(slot)
-        if _first_embd_row(self.memory.tokens(slot)) < self.memory.length(slot):
-            raise PyggspecError(None, f"slot {slot} holds image rows: slot files do not "
-                                "keep them yet")
         d = self.mtp_drafter
         sf = self.memory.export_state(slot, identity, d.state(slot) if d else None, d)
+        sf.header["media"], arrays = self.rows.export(slot)
+        for name, a in arrays.items():
+            sf.add(name, a)
         return self.memory.length(slot), slotfile.write(path, sf)
 
     def load_slot(self, slot: int, path: str | os.PathLike, identity: Mapping) -> tuple[int, int]:
@@ -573,17 +578,49 @@ class Worker:
         file is not from this model and cache setup). Returns (tokens, bytes read)."""
         self.check_slot(slot)
         sf, nbytes = slotfile.read(path)
+        spans = self._saved_rows(sf, identity)
         try:
             carry = self.memory.import_state(slot, sf, identity, self.mtp_drafter, self.n_ctx,
-                                             self.n_vocab)
+                                             self.n_vocab, image_rows=bool(spans))
         except slotfile.SlotFileError:
             raise  # refused before anything was written
         except BaseException:
             self.clear(slot)  # a write failed half-way: nothing of it may be reused
             raise
-        self.rows.clear(slot)  # slot files hold no image rows (save_slot refuses them)
+        self.rows.load(slot, spans)
         self._set_carry(slot, carry)
         return self.memory.length(slot), nbytes
+
+    def _saved_rows(self, sf: slotfile.SlotFile, identity: Mapping
+                    ) -> list[tuple[int, int, MediaRows]]:
+        """A slot file's image rows, checked against its tokens and the projector (the
+        rows are the projector's encoding, compared by image content on reuse)."""
+        head = sf.header.get("media") or []
+        if not head:
+            return []
+        saved = (sf.header.get("identity") or {}).get("projector")
+        here = identity.get("projector")
+        if here is None:  # llama-server's words (its server tests read them)
+            raise slotfile.SlotFileError(None, "Cannot restore media tokens without an "
+                                         "mmproj: the slot file holds image rows (--mmproj)")
+        if not saved or saved.get("fingerprint") != here["fingerprint"]:
+            raise slotfile.SlotFileError(None, "the slot file's image rows come from another "
+                                         f"projector ({(saved or {}).get('file')!r}, not "
+                                         f"{here['file']!r})")
+        try:
+            spans = SlotRows.parse(head, sf.get)
+            tokens = np.asarray(sf.get("tokens"))
+            embd_at = np.zeros(tokens.shape[0], bool)
+            for cell0, _, m in spans:
+                if cell0 + m.n_rows > tokens.shape[0] or m.embd.shape[1:] != (self.n_embd,):
+                    raise ValueError("a span outside the tokens or of another width")
+                embd_at[cell0:cell0 + m.n_rows] |= m.is_embd
+            if not np.array_equal(embd_at, tokens == EMBD_ROW):
+                raise ValueError("image rows where the tokens have none")
+        except (KeyError, TypeError, ValueError) as e:
+            raise slotfile.SlotFileError(None, f"the slot file's image rows are damaged "
+                                         f"({e})") from None
+        return spans
 
     def check_slot(self, slot: int) -> None:
         """A one-line error for a sequence id that is not a slot."""

@@ -218,13 +218,14 @@ class SlotMemory:
 
     def import_state(self, slot: int, sf: SlotFile, identity: Mapping[str, Any],
                      codec: CarryCodec | None = None, n_ctx: int | None = None,
-                     n_vocab: int | None = None) -> Any:
+                     n_vocab: int | None = None, image_rows: bool = False) -> Any:
         """Make ``slot`` hold the state ``sf`` was saved from; returns the carry the
         drafter resumes with (None: none saved, or this engine does not speculate).
 
         Everything is checked before the first write: the model (``identity``), the cache
         layout, the token count (at most ``n_ctx``) and ids (below ``n_vocab``), every
-        section's shape. A mismatch raises :class:`SlotFileError` and leaves the slot as it
+        section's shape (``image_rows``: the file's image rows, checked by the caller, are
+        ids -1, llama.cpp's LLAMA_TOKEN_NULL). A mismatch raises :class:`SlotFileError` and leaves the slot as it
         was. The MTP part is taken when both the file and this memory have one; a file
         without it leaves the head's cache empty here (a speculative request then
         re-evaluates the prompt)."""
@@ -246,7 +247,7 @@ class SlotMemory:
             raise SlotFileError(None, f"the saved slot holds {n} tokens, more than this "
                                 f"server's context of {n_ctx} per slot (-c)")
         tokens = sf.get("tokens")
-        if tokens.shape != (n,) or (n and (tokens.min() < 0 or (
+        if tokens.shape != (n,) or (n and (tokens.min() < -int(image_rows) or (
                 n_vocab is not None and tokens.max() >= n_vocab))):
             raise SlotFileError(None, "invalid tokens in the slot file")
         if not 0 <= n_mtp <= n or any(not 0 < p <= n for p, _ in cks):

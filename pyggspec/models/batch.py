@@ -112,12 +112,15 @@ class MediaRows:
     ``pos`` is every row's (t, y, x, z) position counted from the prompt's first position
     (``pyggspec.vision.positions``: the evaluator adds the sequence's position there);
     ``n_pos``: the position after the last row, from the same origin. A row past those of
-    the prompt (a generated token) sits at its cell less ``len(pos[0]) - n_pos``."""
+    the prompt (a generated token) sits at its cell less ``len(pos[0]) - n_pos``.
+    ``images``: each image's (first row, rows, content id), which prompt reuse compares
+    (llama-server keys cached image rows by content); None: unknown, never reused."""
 
     embd: np.ndarray  # float32 [n_embd_rows, n_embd]: the embedding rows in row order
     is_embd: np.ndarray  # bool [n_rows]
     pos: np.ndarray  # int32 [4, n_rows]
     n_pos: int
+    images: tuple[tuple[int, int, str], ...] | None = None
 
     def __post_init__(self) -> None:
         n = self.is_embd.shape[0]
@@ -145,6 +148,10 @@ class MediaRows:
         out[m] = self.embd[self._index[a:b][m]]  # type: ignore[attr-defined]
         return m, out
 
+
+
+def _first(m: MediaRows) -> int:
+    return int(np.argmax(m.is_embd))
 
 
 class SlotRows:
@@ -188,6 +195,54 @@ class SlotRows:
 
     def clear(self, slot: int) -> None:
         self._set(slot, [])
+
+    def same_images(self, slot: int, media: MediaRows | None, n: int) -> int:
+        """How much of a common prefix of ``n`` cells (the slot's tokens and a prompt's,
+        image rows' ids equal) may be reused: up to the first image that is not the same
+        image at the same cells in both. ``media``: the prompt's rows (from cell 0)."""
+        held = [(c0 + a, k, i) for c0, _, m in self._spans[slot] if m.is_embd.any()
+                for a, k, i in (m.images if m.images is not None else [(_first(m), 0, "")])]
+        new = [] if media is None else list(media.images if media.images is not None else
+                                            [(_first(media), 0, "")])
+        for j in range(max(len(held), len(new))):
+            a = held[j] if j < len(held) else None
+            b = new[j] if j < len(new) else None
+            start = min(x[0] for x in (a, b) if x is not None)
+            if start >= n:
+                break
+            if a != b or not a[2]:
+                return start
+        return n
+
+    def export(self, slot: int) -> tuple[list[dict], dict[str, np.ndarray]]:
+        """The slot's spans as a slot file's header entries and named arrays
+        (:meth:`load` reads them back)."""
+        head, arrays = [], {}
+        for k, (cell0, base, m) in enumerate(self._spans[slot]):
+            head.append({"cell0": cell0, "base": base, "n_pos": m.n_pos,
+                         "images": None if m.images is None else [list(x) for x in m.images]})
+            arrays.update({f"media{k}.embd": m.embd, f"media{k}.is_embd": m.is_embd,
+                           f"media{k}.pos": m.pos})
+        return head, arrays
+
+    @staticmethod
+    def parse(head: list, get) -> list[tuple[int, int, MediaRows]]:
+        """Spans from :meth:`export`'s entries; ``get(name)``: the named array. ValueError
+        (or KeyError / TypeError) on anything malformed."""
+        spans = []
+        for k, h in enumerate(head):
+            ims = h["images"]
+            m = MediaRows(np.asarray(get(f"media{k}.embd"), np.float32),
+                          np.asarray(get(f"media{k}.is_embd"), bool),
+                          np.asarray(get(f"media{k}.pos"), np.int32), int(h["n_pos"]),
+                          None if ims is None else tuple((int(a), int(n), str(i))
+                                                         for a, n, i in ims))
+            spans.append((int(h["cell0"]), int(h["base"]), m))
+        return spans
+
+    def load(self, slot: int, spans: list[tuple[int, int, MediaRows]]) -> None:
+        """The slot holds ``spans`` (from :meth:`parse`) and nothing else."""
+        self._set(slot, list(spans))
 
     def copy(self, src: int, dst: int) -> None:
         self._set(dst, list(self._spans[src]))

@@ -18,6 +18,7 @@ projector's output width is checked here against the text GGUF's ``embedding_len
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,8 @@ __all__ = [
 # is libmtmd's; it is repeated here only so that inspect can print it without loading the
 # projector, and tests check it against libmtmd's own preprocessing.
 SUPPORTED_PROJECTORS: dict[str, tuple[int, int]] = {"qwen3vl_merger": (8, 4096)}
+# the encoded rows kept for images sent again (a few images of a 0.8B-VL's 1,024-wide rows)
+ENCODED_BYTES = 64 << 20
 
 
 class ImageError(PyggspecError):
@@ -77,6 +80,7 @@ class ProjectorInfo:
     n_tensors: int
     tensor_types: dict[str, int] = field(default_factory=dict)  # ggml type -> tensor count
     file_size: int = 0
+    fingerprint: str = ""  # GGUFFile.fingerprint: which projector made a slot's image rows
 
     @property
     def supported(self) -> bool:
@@ -126,7 +130,7 @@ def read_projector_info(path: str | os.PathLike[str]) -> ProjectorInfo:
             image_max_tokens=budget[1] if budget else None,
             weights_bytes=sum(t.nbytes for t in g.tensors.values()),
             n_tensors=len(g.tensors), tensor_types=dict(sorted(types.items())),
-            file_size=g.file_size,
+            file_size=g.file_size, fingerprint=g.fingerprint(),
         )
     finally:
         g.close()
@@ -236,6 +240,7 @@ class Projector:
                 tok.close()
             raise
         self.n_embd: int = n_embd
+        self._encoded: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
         facts = self._ctx.facts
         self.uses_mrope: bool = facts.uses_mrope
         self.marker: str = facts.marker  # "<__media__>"
@@ -291,11 +296,25 @@ class Projector:
 
     def encode(self, chunk: ImageChunk) -> np.ndarray:
         """The image's embedding rows: float32 [n_tokens, n_embd], row-major over the merged
-        patch grid (the rows the trunk takes in place of token embeddings)."""
+        patch grid (the rows the trunk takes in place of token embeddings).
+
+        The newest images' rows are kept (up to :data:`ENCODED_BYTES`), keyed by content:
+        a later chat turn sends the same image again, and its rows come from the slot's
+        cache, so encoding it again would be the turn's dearest work for nothing."""
+        key = (chunk.id, chunk.nx, chunk.ny) if chunk.id else None
+        if key is not None and key in self._encoded:
+            self._encoded.move_to_end(key)
+            return self._encoded[key]
         try:
-            return self._ctx.encode(chunk._chunk, self.n_embd)
+            rows = self._ctx.encode(chunk._chunk, self.n_embd)
         except MtmdError as e:
             raise ImageError(None, f"encoding the image failed: {e.reason}") from None
+        if key is not None and rows.nbytes <= ENCODED_BYTES:
+            rows.setflags(write=False)
+            self._encoded[key] = rows
+            while sum(r.nbytes for r in self._encoded.values()) > ENCODED_BYTES:
+                self._encoded.popitem(last=False)
+        return rows
 
     def decoder_positions(self, chunk: ImageChunk, pos_0: int) -> np.ndarray:
         """libmtmd's own (t, x, y, z) positions of the chunk's rows from ``pos_0``,

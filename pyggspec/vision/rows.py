@@ -39,19 +39,22 @@ def chunk_rows(projector: Projector, chunks: Sequence[PromptChunk]) -> PromptRow
     tokens: list[int] = []
     embd: list[np.ndarray] = []
     is_embd: list[np.ndarray] = []
+    images: list[tuple[int, int, str]] = []
     for c in chunks:
         if isinstance(c, TextChunk):
             tokens.extend(c.tokens)
             is_embd.append(np.zeros(c.n_tokens, bool))
         else:
             rows = projector.encode(c)
+            images.append((len(tokens), c.n_tokens, c.id))
             tokens.extend([EMBD_ROW] * c.n_tokens)
             embd.append(rows)
             is_embd.append(np.ones(c.n_tokens, bool))
     if not embd:
         return PromptRows(tokens, None, tuple(chunks))
     pos, n_pos = prompt_positions(chunks, 0)
-    media = MediaRows(np.concatenate(embd), np.concatenate(is_embd), pos, n_pos)
+    media = MediaRows(np.concatenate(embd), np.concatenate(is_embd), pos, n_pos,
+                      tuple(images))
     return PromptRows(tokens, media, tuple(chunks))
 
 
