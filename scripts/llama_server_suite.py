@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     suite = ensure_suite()
+    # test_slot_save.py's multimodal tests save to "./tmp" of the suite's directory, which
+    # must exist (llama-server, like serve, refuses a --slot-save-path that is not a folder)
+    (suite / "tmp").mkdir(exist_ok=True)
     ensure_requirements()
     say("writing the stand-in models")
     subprocess.run([sys.executable, str(HERE / "launcher"), "--prepare"], check=True,
