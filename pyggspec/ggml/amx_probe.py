@@ -96,17 +96,23 @@ def _run_probe() -> int:
     return 0
 
 
+def cached_verdict() -> tuple[bool, str] | None:
+    """The verdict an earlier probe left for this host (None: not probed here yet)."""
+    try:
+        data = json.loads(_cache_file().read_text())
+        if data.get("key") == _host_key():
+            return bool(data["usable"]), str(data["why"])
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
 def amx_usable(fresh: bool = False) -> tuple[bool, str]:
     """(usable, why): the cached verdict for this host, probing in a child when unknown."""
     key = _host_key()
     cache = _cache_file()
-    if not fresh:
-        try:
-            data = json.loads(cache.read_text())
-            if data.get("key") == key:
-                return bool(data["usable"]), str(data["why"])
-        except (OSError, ValueError, KeyError):
-            pass
+    if not fresh and (known := cached_verdict()) is not None:
+        return known
     try:
         r = subprocess.run([sys.executable, "-m", "pyggspec.ggml.amx_probe", "--child"],
                            check=False, capture_output=True, timeout=_TIMEOUT_S)

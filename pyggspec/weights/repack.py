@@ -33,16 +33,18 @@ _log_once: set[str] = set()
 
 def repack_buffer_types(cpu: Device) -> list[BufferType]:
     """The CPU extra buffer types weights may go to, best first: AMX only where the probe
-    process saw it run (said once per process when skipped)."""
-    from pyggspec.ggml.amx_probe import amx_usable
+    process saw it run (said once per host, when the probe finds it unusable: every later
+    run reads the same verdict, and a notice on each would only be noise)."""
+    from pyggspec.ggml.amx_probe import amx_usable, cached_verdict
     from pyggspec.ggml.repack import extra_buffer_types
 
     out = []
     for b in extra_buffer_types(cpu):
         if b.name == "AMX":
+            known = cached_verdict() is not None
             ok, why = amx_usable()
             if not ok:
-                if "amx" not in _log_once:
+                if not known and "amx" not in _log_once:
                     _log_once.add("amx")
                     print(f"pyggspec: AMX weight buffers not used: {why}", file=sys.stderr)
                 continue
