@@ -178,3 +178,38 @@ def test_responses_input_image(http, png):
     r = http.post("/v1/responses", json={"input": [{"role": "user", "content": [
         {"type": "input_image", "image_url": "data:text/html;base64,aGVsbG8="}]}]})
     assert r.status_code == 400
+
+
+def test_remote_image_url(http, engine, png):
+    """An http(s) image URL is fetched (as llama-server does), here from a loopback server;
+    a 404, a refused connection and a non-image page are 400s."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = {"/a.png": png, "/page": b"<html>not an image</html>"}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        r = http.post("/v1/chat/completions", json=_chat(base + "/a.png"))
+        assert r.status_code == 200, r.text
+        ref = http.post("/v1/chat/completions", json=_chat(_uri(png))).json()
+        assert r.json()["choices"][0]["message"]["content"] == \
+            ref["choices"][0]["message"]["content"]
+        for url in (base + "/missing.png", base + "/page"):
+            r = http.post("/v1/chat/completions", json=_chat(url))
+            assert r.status_code == 400, r.text
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    r = http.post("/v1/chat/completions", json=_chat(base + "/a.png"))  # nothing listens
+    assert r.status_code == 400 and "failed to download" in r.json()["error"]["message"]

@@ -23,8 +23,8 @@ from pyggspec.serving.http.chat_request import (
     render_chat,
 )
 from pyggspec.serving.http.chat_run import ChatRun, ThinkingPlan, plan_for
-from pyggspec.serving.http.media import chunk_ids, image_bytes, no_projector
-from pyggspec.serving.http.protocol import GenParams, get_bool, invalid, parse_gen
+from pyggspec.serving.http.media import chunk_ids, image_bytes
+from pyggspec.serving.http.protocol import GenParams, get_bool, invalid, no_projector, parse_gen
 from pyggspec.serving.http.state import ServerState
 
 

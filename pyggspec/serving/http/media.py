@@ -1,5 +1,6 @@
 """Images in requests, as llama-server takes them: the bytes of an ``image_url`` (a base64
-``data:image/...`` URI, raw base64, or ``file://NAME`` under ``--media-path``), and a
+``data:image/...`` URI, raw base64, ``file://NAME`` under ``--media-path``, or an http(s) URL
+fetched as llama-server fetches it: 10 s, 10 MiB at most), and a
 rendered prompt with one media marker per image -> token ids and image rows.
 
 Why a marker of its own: llama-server renders each image part as a marker text that user
@@ -13,31 +14,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
-import os
-import secrets
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pyggspec.errors import PyggspecError
-from pyggspec.serving.http.protocol import ApiError, invalid
-from pyggspec.serving.http.slot_actions import valid_filename
-
-
-@functools.cache
-def media_marker() -> str:
-    """llama-server's ``get_media_marker``: ``$LLAMA_MEDIA_MARKER`` or a random one, fixed
-    for the process."""
-    return os.environ.get("LLAMA_MEDIA_MARKER") or f"<__media_{secrets.token_hex(16)}__>"
-
-
-def no_projector(where: str | None) -> ApiError:
-    """llama-server's words for an image sent to a server without a projector."""
-    return ApiError(400, "image input is not supported - hint: this server has no vision "
-                    "projector; start it with --mmproj FILE", param=where,
-                    type="not_supported_error")
+from pyggspec.serving.http.protocol import (
+    invalid,
+    media_marker,
+    valid_filename,
+)
 
 
 def _b64(data: str, where: str) -> bytes:
@@ -50,11 +39,32 @@ def _b64(data: str, where: str) -> bytes:
     return out
 
 
+# llama-server's limits for a remote image (server-common.cpp, handle_media)
+REMOTE_TIMEOUT_S = 10
+REMOTE_MAX_BYTES = 10 << 20
+
+
+def _download(url: str, where: str) -> bytes:
+    """A remote image's bytes; any failure (status, network, size) is the client's 400."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(
+                url, headers={"User-Agent": "pyggspec"}), timeout=REMOTE_TIMEOUT_S) as r:
+            data = r.read(REMOTE_MAX_BYTES + 1)
+    except urllib.error.HTTPError as e:
+        raise invalid(f"'{where}': failed to download image (HTTP {e.code})", where) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        why = getattr(e, "reason", None) or e
+        raise invalid(f"'{where}': failed to download image ({why})", where) from None
+    if len(data) > REMOTE_MAX_BYTES:
+        raise invalid(f"'{where}': the image at {url} is larger than "
+                      f"{REMOTE_MAX_BYTES >> 20} MiB", where)
+    return data
+
+
 def image_bytes(url: str, media_path: str | None, where: str) -> bytes:
     """The bytes an image URL names (llama-server's ``handle_media``); 400 otherwise."""
     if url.startswith("http"):
-        raise invalid(f"'{where}': remote image URLs are not fetched by pyggspec serve; send "
-                      "the image as a base64 data URI", where)
+        return _download(url, where)
     if url.startswith("file://"):
         if media_path is None:
             raise invalid("file:// URLs are not allowed unless --media-path is specified",

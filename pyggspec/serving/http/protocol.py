@@ -11,8 +11,11 @@ accepts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import os
+import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -712,14 +715,12 @@ def _join_parts(parts: Sequence[Any], where: str,
         w = f"{where}[{j}]"
         if kind == "image_url":
             if images is None:
-                from pyggspec.serving.http.media import no_projector
 
                 raise no_projector(w)
             url = part.get("image_url")
             url = url.get("url") if isinstance(url, dict) else url
             if not isinstance(url, str):
                 raise invalid(f"'{w}.image_url.url' must be a string", w)
-            from pyggspec.serving.http.media import media_marker
 
             images.append((url, w))
             text += media_marker()
@@ -734,3 +735,37 @@ def _join_parts(parts: Sequence[Any], where: str,
         text += ("\n" if text and not after_media else "") + t
         after_media = False
     return text
+
+
+# ---------------------------------------------------------------- media and file names
+_FORBIDDEN = frozenset(map(ord, ':*?"<>|/\\')) | {0x7F, 0xFF0E, 0x2215, 0x2216, 0xFFFD, 0xFEFF}
+
+
+def valid_filename(name: str, subdirs: bool = False) -> bool:
+    """llama.cpp's ``fs_validate_filename``: a plain file name of at most 255 bytes, no
+    path separators (``subdirs``: '/' and '\\' allowed), controls or reserved characters,
+    no ``..``, no leading or trailing space, no trailing dot."""
+    if not name or len(name.encode("utf-8", "surrogatepass")) > 255:
+        return False
+    for ch in name:
+        c = ord(ch)
+        bad = c <= 0x1F or 0x80 <= c <= 0x9F or 0xD800 <= c <= 0xDFFF or c in _FORBIDDEN
+        if bad and not (subdirs and ch in "/\\"):
+            return False
+    if name[0] == " " or name[-1] in " .":
+        return False
+    return ".." not in name and name != "."
+
+
+@functools.cache
+def media_marker() -> str:
+    """llama-server's ``get_media_marker``: ``$LLAMA_MEDIA_MARKER`` or a random one, fixed
+    for the process."""
+    return os.environ.get("LLAMA_MEDIA_MARKER") or f"<__media_{secrets.token_hex(16)}__>"
+
+
+def no_projector(where: str | None) -> ApiError:
+    """llama-server's words for an image sent to a server without a projector."""
+    return ApiError(400, "image input is not supported - hint: this server has no vision "
+                    "projector; start it with --mmproj FILE", param=where,
+                    type="not_supported_error")

@@ -14,13 +14,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from pyggspec.serving.http import openai_api as oa
 from pyggspec.serving.http.chat_request import parse_chat_request, render_chat
-from pyggspec.serving.http.media import media_marker
 from pyggspec.serving.http.metrics import prometheus_text
 from pyggspec.serving.http.protocol import (
     ApiError,
     GenParams,
     get_bool,
     invalid,
+    media_marker,
     parse_messages,
     parse_token_list,
     read_body,

@@ -24,30 +24,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from pyggspec.errors import PyggspecError
-from pyggspec.serving.http.protocol import ApiError, invalid, read_body
+from pyggspec.serving.http.protocol import ApiError, invalid, read_body, valid_filename
 from pyggspec.serving.http.state import ServerState
 from pyggspec.serving.request import SchedulerClosed
 
 # codepoints fs_validate_filename refuses besides the C0/C1 controls and surrogates
-_FORBIDDEN = frozenset(map(ord, ':*?"<>|/\\')) | {0x7F, 0xFF0E, 0x2215, 0x2216, 0xFFFD, 0xFEFF}
 NO_SAVE_PATH = ("This server does not support slots action. Start it with "
                 "`--slot-save-path`")
-
-
-def valid_filename(name: str, subdirs: bool = False) -> bool:
-    """llama.cpp's ``fs_validate_filename``: a plain file name of at most 255 bytes, no
-    path separators (``subdirs``: '/' and '\\' allowed), controls or reserved characters,
-    no ``..``, no leading or trailing space, no trailing dot."""
-    if not name or len(name.encode("utf-8", "surrogatepass")) > 255:
-        return False
-    for ch in name:
-        c = ord(ch)
-        bad = c <= 0x1F or 0x80 <= c <= 0x9F or 0xD800 <= c <= 0xDFFF or c in _FORBIDDEN
-        if bad and not (subdirs and ch in "/\\"):
-            return False
-    if name[0] == " " or name[-1] in " .":
-        return False
-    return ".." not in name and name != "."
 
 
 def install(app: FastAPI, state: ServerState) -> None:

@@ -114,8 +114,8 @@ class ServerState:
     def prompt_rows(self, parts: list[Any], gen: GenParams) -> tuple[list[int], Any]:
         """A parsed prompt's ids (EMBD_ROW at image rows), checked against the context, and
         its image rows (None: text only); images are encoded once the prompt fits."""
-        from pyggspec.serving.http.media import _b64, chunk_ids, no_projector
-        from pyggspec.serving.http.protocol import ImagePrompt
+        from pyggspec.serving.http.media import _b64, chunk_ids
+        from pyggspec.serving.http.protocol import ImagePrompt, no_projector
 
         if not (parts and isinstance(parts[0], ImagePrompt)):
             ids = self.tokenize_prompt(parts)
