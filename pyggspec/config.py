@@ -120,6 +120,8 @@ class EngineConfig:
     mtp_path: str | None = None  # -md / --spec-draft-model: MTP-only sidecar GGUF
     mmproj: str | None = None  # -mm / --mmproj: vision projector GGUF (image inputs)
     mmproj_offload: bool = True  # --no-mmproj-offload: encode images on the CPU
+    image_min_tokens: int | None = None  # --image-min-tokens (None: the projector's, 8)
+    image_max_tokens: int | None = None  # --image-max-tokens (None: the projector's, 4096)
     # context and batching
     n_ctx: int = 4096  # -c (0: the model's training context, as llama.cpp's -c 0)
     n_parallel: int = 1  # -np

@@ -157,7 +157,9 @@ class Engine:
 
                 self.projector = Projector(cfg.mmproj, self.tokenizer or self.model_path,
                                            offload=cfg.mmproj_offload,
-                                           n_threads=cfg.threads)
+                                           n_threads=cfg.threads,
+                                           image_min_tokens=cfg.image_min_tokens,
+                                           image_max_tokens=cfg.image_max_tokens)
                 self._parts.closers.append(self.projector)
             self.scheduler = Scheduler(
                 self.worker, SchedulerLimits(

@@ -135,3 +135,19 @@ def test_cli_run_image(files, ref):
         assert r.returncode != 0
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and msg in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_image_token_budget_flags(files):
+    """--image-max-tokens / --image-min-tokens reach libmtmd: the same image takes fewer
+    rows under a smaller budget (the prompt count in --json's timings)."""
+    base = ["-m", str(files["model"]), "-c", "256", "-t", "2", "--temp", "0", "-n", "1",
+            "--mmproj", str(files["mmproj"]), "--no-mmproj-offload", "--image",
+            str(files["image"]), "-p", PROMPT, "--json"]
+    counts = []
+    for extra in ([], ["--image-max-tokens", "8"]):
+        r = _run(*base, *extra)
+        assert r.returncode == 0, r.stderr[-2000:]
+        counts.append(json.loads(r.stdout)["timings"]["prompt_n"])
+    assert counts[1] < counts[0]
+    r = _run(*base, "--image-min-tokens", "0")
+    assert r.returncode != 0 and "--image-min-tokens" in r.stderr

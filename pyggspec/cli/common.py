@@ -502,6 +502,24 @@ def engine_config(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def image_budget_options(fn: F) -> F:
+    """``--image-min-tokens`` / ``--image-max-tokens`` (llama-server's): the projector's
+    token budget per image (EngineConfig fields: :func:`config_from_options` takes them)."""
+    for flag, name, what in (("--image-max-tokens", "image_max_tokens", "most"),
+                             ("--image-min-tokens", "image_min_tokens", "fewest")):
+        fn = click.option(flag, name, type=click.IntRange(1), default=None, metavar="N",
+                          help=f"The {what} merged tokens per image (default: the "
+                          "projector's, 8..4096 for Qwen3.5/3.6).")(fn)
+    return fn
+
+
+def with_projector(config: EngineConfig, mmproj: Path | None, offload: bool) -> EngineConfig:
+    """``config`` with the projector options (unchanged without ``--mmproj``)."""
+    if mmproj is None:
+        return config
+    return config.replace(mmproj=str(mmproj), mmproj_offload=offload)
+
+
 def engine_from_config(path: str | Path, config: EngineConfig) -> Any:
     """The :class:`~pyggspec.engine.Engine` for ``config`` (the one place the CLI builds
     one)."""

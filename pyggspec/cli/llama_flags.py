@@ -137,7 +137,8 @@ TABLE = f"""
 -mm --mmproj :: 1 sr H
 --image :: 1 s/r R/H :: {_MEDIA_SERVE}
 -mmu --mmproj-url -mmdev --mmproj-device --audio --video :: 1 sr R :: {_MEDIA}
---image-min-tokens --image-max-tokens --mtmd-batch-max-tokens --video-fps :: 1 sr R :: {_MEDIA}
+--image-min-tokens --image-max-tokens :: 1 sr H
+--mtmd-batch-max-tokens --video-fps :: 1 sr R :: {_MEDIA}
 --video-timestamp-interval --video-ffmpeg-dir :: 1 sr R :: {_MEDIA}
 --mmproj-auto --mmproj-offload :: 0 sr R :: {_MEDIA}
 --no-mmproj --no-mmproj-auto :: 0 sr N :: {_MEDIA_NONE}

@@ -25,10 +25,12 @@ from pyggspec.cli.common import (
     engine_config,
     engine_from_config,
     fmt_bytes,
+    image_budget_options,
     placement_options,
     print_fit,
     sampling_options,
     spec_options,
+    with_projector,
 )
 from pyggspec.cli.llama_flags import LlamaCommand, llama_flags
 from pyggspec.config import EngineConfig
@@ -169,6 +171,7 @@ def _grammar_option(grammar: str | None, grammar_file: Path | None, json_schema:
               "prompt places the next one, without a marker they go first. Needs --mmproj.")
 @click.option("--no-mmproj-offload", "no_mmproj_offload", is_flag=True,
               help="Encode images on the CPU (default: the projector's GPU device, if any).")
+@image_budget_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
 @llama_flags("run")
 @engine_config
@@ -202,8 +205,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
     for img in images:
         if not img.is_file():
             raise PyggspecError(img, "no such file" if not img.exists() else "not a file")
-    if mmproj_path is not None:
-        config = config.replace(mmproj=str(mmproj_path), mmproj_offload=not no_mmproj_offload)
+    config = with_projector(config, mmproj_path, not no_mmproj_offload)
     demo = False
     if model is None:
         if not config.speculative:

@@ -33,10 +33,12 @@ from pyggspec.cli.common import (
     add_rpc_servers,
     engine_config,
     engine_from_config,
+    image_budget_options,
     placement_options,
     print_fit,
     sampling_options,
     spec_options,
+    with_projector,
 )
 from pyggspec.cli.llama_flags import FlagRefused, LlamaCommand, llama_flags
 from pyggspec.config import EngineConfig
@@ -281,6 +283,7 @@ def _slot_ctx(n_ctx: int, n_parallel: int, unified: bool, model: Path | None) ->
 @click.option("--media-path", "media_path", default=None, metavar="DIR",
               type=click.Path(path_type=Path, exists=True, file_okay=False),
               help="Directory for image_url file://NAME (default: file:// URLs refused).")
+@image_budget_options
 @sampling_options
 @llama_flags("serve")
 @engine_config
@@ -334,8 +337,7 @@ def serve(model: Path | None, config: EngineConfig, alias: str | None, host: str
                       or ctx.get_parameter_source("n_parallel") == ParameterSource.DEFAULT)
     config = replace(config, n_ctx=_slot_ctx(config.n_ctx, config.n_parallel, kv_unified,
                                              None if synthetic else model))
-    if mmproj_path is not None:
-        config = replace(config, mmproj=str(mmproj_path), mmproj_offload=not no_mmproj_offload)
+    config = with_projector(config, mmproj_path, not no_mmproj_offload)
     aliases = _names(alias)
     vertex = _vertex(port)
     if vertex is not None:
