@@ -170,6 +170,33 @@ class AttnInputs:
         return self.kv_rows is not None
 
 
+class EmbdInputs:
+    """Rows given as embeddings in place of token rows (image rows): the graph inputs, the
+    host arrays bound to them and the select rule, one owner for the trunk and the MTP
+    head. Row i takes the token's embedding, or embedding row i (index n + i of the two
+    concatenated: one get_rows, no branch in the graph)."""
+
+    def __init__(self, ctx: Context, n_embd: int, n: int, prefix: str = "") -> None:
+        self.embd = ctx.input("f32", (n_embd, n), f"{prefix}inp_embd")
+        self.sel = ctx.input("i32", (n,), f"{prefix}inp_embd_sel")
+        self._embd = np.zeros((n, n_embd), np.float32)
+        self._sel = np.zeros(n, np.int32)
+        self._rows = np.arange(n, dtype=np.int32)
+
+    def select(self, ctx: Context, tok_embd: Tensor) -> Tensor:
+        """``tok_embd`` [n_embd, n] with the embedding rows put in."""
+        return ctx.get_rows(ctx.concat(tok_embd, self.embd, 1), self.sel)
+
+    def bindings(self) -> list[HostBinding]:
+        return [HostBinding(self.embd, self._embd), HostBinding(self.sel, self._sel)]
+
+    def fill(self, embd: np.ndarray, is_embd: np.ndarray) -> None:
+        """``embd`` [n, n_embd] (read where ``is_embd``), ``is_embd`` bool [n]."""
+        self._embd[:] = embd
+        np.add(self._rows, np.where(is_embd, self._rows.size, 0), out=self._sel,
+               casting="unsafe")
+
+
 class CausalInputs:
     """Positions, causal mask and KV cells of one ubatch: the graph inputs and the host
     arrays bound to them (filled in place every step, one C call per input)."""

@@ -204,10 +204,7 @@ class MtpGraph:
             b = Builder(ctx, graph, hp, w.get, w.has, T, B, self.names)
             self.tokens = ctx.input("i32", (n,), "mtp_tokens")
             self.h = ctx.input("f32", (n_embd, n), "mtp_h_input")
-            self.embd = self.embd_sel = None
-            if shape.embd:  # row i: the token's embedding, or image row i (n + i)
-                self.embd = ctx.input("f32", (n_embd, n), "mtp_inp_embd")
-                self.embd_sel = ctx.input("i32", (n,), "mtp_inp_embd_sel")
+            self.embd = layers.EmbdInputs(ctx, n_embd, n, "mtp_") if shape.embd else None
             self.causal = CausalInputs(ctx, T, B, shape.n_kv, kv.n_slots, "mtp_")
             self.chain: list[CausalInputs] = []  # the chained draft steps' inputs
             self.chain_ids: list[Tensor] = []
@@ -216,7 +213,7 @@ class MtpGraph:
             self.sampling = self.hot = None
             written: list[Tensor] = []
             x, cur = self._attend(b, self.tokens, self.h, self.causal, kv.k(il), kv.v(il),
-                                  written, self.embd, self.embd_sel)
+                                  written, self.embd)
             if shape.n_outputs == 0:
                 # cache-only: pairs written for later drafts, nothing drafted now; the graph
                 # holds only the KV writes (no FFN, no LM head)
@@ -267,15 +264,15 @@ class MtpGraph:
         self._finish(shape, n, n_embd)
 
     def _attend(self, b: Builder, tokens: Tensor, h: Tensor, causal: CausalInputs,
-                k: Tensor, v: Tensor, written: list[Tensor], embd: Tensor | None = None,
-                sel: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                k: Tensor, v: Tensor, written: list[Tensor],
+                embd: layers.EmbdInputs | None = None) -> tuple[Tensor, Tensor]:
         """The head up to its attention: (the eh_proj rows, the attention output).
-        ``embd``/``sel``: image rows taken in place of token embeddings (b11549's
+        ``embd``: image rows taken in place of token embeddings (b11549's
         ``add_embd`` rows: enorm then normalises them as it does a token's)."""
         ctx, w, il = b.ctx, self.w, self.w.block
         e = ctx.get_rows(w.embed, tokens)
         if embd is not None:
-            e = ctx.get_rows(ctx.concat(e, embd, 1), sel)
+            e = embd.select(ctx, e)
         e = b.cb(e, "mtp_tok_embd", il)
         hn = b.cb(layers.rms_norm(b, h, b.w("nextn.hnorm.weight", il)), "mtp_hnorm", il)
         en = b.cb(layers.rms_norm(b, e, b.w("nextn.enorm.weight", il)), "mtp_enorm", il)
@@ -359,10 +356,6 @@ class MtpGraph:
         self._chain_ids = np.zeros((shape.n_chain, shape.n_outputs), np.int32)
         self._chain_top = np.zeros((shape.n_chain, shape.n_outputs), np.float32)
         self._chain_pos = np.zeros(shape.n_outputs, np.int64)
-        if shape.embd:
-            self._embd = np.zeros((n, n_embd), np.float32)
-            self._embd_sel = np.zeros(n, np.int32)
-            self._rows = np.arange(n, dtype=np.int32)
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), np.float32)
                         if self.logits is not None else None)
         self._bound = False
@@ -371,8 +364,7 @@ class MtpGraph:
         ins = [HostBinding(self.tokens, self._tokens), HostBinding(self.h, self._h),
                *self.causal.bindings()]
         if self.embd is not None:
-            ins += [HostBinding(self.embd, self._embd),
-                    HostBinding(self.embd_sel, self._embd_sel)]
+            ins += self.embd.bindings()
         if self.out_ids is None:  # cache-only: inputs only the KV writes read are in the graph
             self._ins = [i for i in ins if i.tensor.is_allocated]
             self._outs = []
@@ -404,9 +396,7 @@ class MtpGraph:
         self._tokens[:] = mb.tokens.reshape(-1)
         self._h[:] = mb.hidden.reshape(self._h.shape)
         if self.embd is not None:
-            self._embd[:] = mb.embd
-            np.add(self._rows, np.where(mb.embd_rows, self._rows.size, 0), out=self._embd_sel,
-                   casting="unsafe")
+            self.embd.fill(mb.embd, mb.embd_rows)
         self.causal.fill(mb.pos0, tuple(mb.slots), mb.rope_pos, mb.rope_shift)
         self._out[:] = mb.outputs
         if self.chain:  # step j drafts at the output row's position + j

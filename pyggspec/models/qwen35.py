@@ -71,11 +71,9 @@ class TargetGraph:
                                      self.kept if keep else None)
 
             x = ctx.get_rows(weights.get("token_embd.weight"), self.tokens)
-            self.embd = self.embd_sel = None
-            if shape.embd:  # row i: token row i, or embedding row i (index n_tok + i)
-                self.embd = ctx.input("f32", (hp.n_embd, n_tok), "inp_embd")
-                self.embd_sel = ctx.input("i32", (n_tok,), "inp_embd_sel")
-                x = ctx.get_rows(ctx.concat(x, self.embd, 1), self.embd_sel)
+            self.embd = layers.EmbdInputs(ctx, hp.n_embd, n_tok) if shape.embd else None
+            if self.embd is not None:
+                x = self.embd.select(ctx, x)
             x = b.cb(x, "model.input_embed")
             for il in range(hp.n_layer):
                 inp_sa = x
@@ -128,10 +126,6 @@ class TargetGraph:
         self._logits = (np.zeros((shape.n_outputs, self.logits.ne[0]), dtype=np.float32)
                         if self.sampling is None else None)  # sampling: made on a failure
         self._hidden = (np.zeros((n_tok, h.ne[0]), dtype=np.float32) if shape.hidden else None)
-        if shape.embd:
-            self._embd = np.zeros((n_tok, hp.n_embd), dtype=np.float32)
-            self._embd_sel = np.zeros(n_tok, dtype=np.int32)
-            self._rows = np.arange(n_tok, dtype=np.int32)
 
     def _bind(self) -> None:
         """Pair tensors with host arrays; needs the graph allocated (done on first use)."""
@@ -142,7 +136,7 @@ class TargetGraph:
         if self.out_ids is not None:
             ins.append(HostBinding(self.out_ids, self._out_ids))
         if self.embd is not None:
-            ins += [HostBinding(self.embd, self._embd), HostBinding(self.embd_sel, self._embd_sel)]
+            ins += self.embd.bindings()
         self._inputs = ins
         self._logits_out = (HostBinding(self.logits, self._logits) if self.sampling is None
                             else None)
@@ -154,9 +148,7 @@ class TargetGraph:
             self._bind()
         self._tokens[:] = ub.tokens.reshape(-1)
         if self.embd is not None:
-            self._embd[:] = ub.embd
-            np.add(self._rows, np.where(ub.embd_rows, self._rows.size, 0), out=self._embd_sel,
-                   casting="unsafe")
+            self.embd.fill(ub.embd, ub.embd_rows)
         self.causal.fill(ub.pos0, ub.slots, ub.rope_pos, ub.rope_shift)
         self._src[:] = ub.state_src
         if self.dst_rows is not None:
