@@ -94,7 +94,8 @@ def test_cli_log_has_one_line_per_phase(tmp_path):
     n = bar[0].split(" tensors")[0].split()[-1]  # "N/N"
     assert n.split("/")[0] == n.split("/")[1], bar
     assert len(load) == 2 and load[0].endswith("MiB)") and "100%" in load[1], err
-    assert len(lines) < 20, err
+    # (the AMX probe's notice, on a host where it fails, is said once per host, not a phase)
+    assert sum("AMX weight buffers" not in ln for ln in lines) < 20, err
     # second run: the demo model is cached, so only the upload phase remains
     p = _run_piped(tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
