@@ -586,7 +586,7 @@ def _one_prompt(p: Any, n_vocab: int, key: str, media: bool = False) -> list[Any
             return [ImagePrompt(text, tuple(data))]
         if data is not None:
             raise ApiError(400, f"'{key}.multimodal_data': multimodal input is not supported "
-                           "(Qwen3.5 text models only)", param=key, type="not_supported_error")
+                           "on this endpoint (images go to /completion and the chat APIs)", param=key, type="not_supported_error")
         text = p.get("prompt_string")
         if not isinstance(text, str):
             raise invalid(f"'{key}' as an object needs 'prompt_string' (a string)", key)
