@@ -130,6 +130,13 @@ def _fit_target_cb(ctx: click.Context, param: click.Parameter, value: str) -> tu
         raise click.BadParameter(e.message) from None
 
 
+# llama-server's projector token budget per image (EngineConfig fields)
+IMAGE_MAX_TOKENS = Opt("--image-max-tokens", "image_max_tokens", type=click.IntRange(1),
+                       default=None, metavar="N", help="The most merged tokens per image "
+                       "(default: the projector's, 8..4096 for Qwen3.5/3.6).")
+IMAGE_MIN_TOKENS = Opt("--image-min-tokens", "image_min_tokens", type=click.IntRange(1),
+                       default=None, metavar="N", help="The fewest merged tokens per image "
+                       "(default: the projector's, 8..4096 for Qwen3.5/3.6).")
 FIT = Opt("-fit", "--fit", "fit", metavar="on|off", default="on", show_default=True,
           callback=_on_off_cb, envvar="LLAMA_ARG_FIT",
           help="Choose what is left unset (-ngl, the MoE experts' device, -c 0) to fit the "
@@ -500,17 +507,6 @@ def engine_config(fn: F) -> F:
         return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
-
-
-def image_budget_options(fn: F) -> F:
-    """``--image-min-tokens`` / ``--image-max-tokens`` (llama-server's): the projector's
-    token budget per image (EngineConfig fields: :func:`config_from_options` takes them)."""
-    for flag, name, what in (("--image-max-tokens", "image_max_tokens", "most"),
-                             ("--image-min-tokens", "image_min_tokens", "fewest")):
-        fn = click.option(flag, name, type=click.IntRange(1), default=None, metavar="N",
-                          help=f"The {what} merged tokens per image (default: the "
-                          "projector's, 8..4096 for Qwen3.5/3.6).")(fn)
-    return fn
 
 
 def with_projector(config: EngineConfig, mmproj: Path | None, offload: bool) -> EngineConfig:

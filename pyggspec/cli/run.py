@@ -16,6 +16,8 @@ from pyggspec.cli.common import (
     CHECKPOINT_MIN_STEP,
     CONTEXT_SETTINGS,
     CTX_CHECKPOINTS,
+    IMAGE_MAX_TOKENS,
+    IMAGE_MIN_TOKENS,
     MODEL,
     N_BATCH,
     N_CTX,
@@ -25,7 +27,6 @@ from pyggspec.cli.common import (
     engine_config,
     engine_from_config,
     fmt_bytes,
-    image_budget_options,
     placement_options,
     print_fit,
     sampling_options,
@@ -171,7 +172,8 @@ def _grammar_option(grammar: str | None, grammar_file: Path | None, json_schema:
               "prompt places the next one, without a marker they go first. Needs --mmproj.")
 @click.option("--no-mmproj-offload", "no_mmproj_offload", is_flag=True,
               help="Encode images on the CPU (default: the projector's GPU device, if any).")
-@image_budget_options
+@IMAGE_MAX_TOKENS()
+@IMAGE_MIN_TOKENS()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
 @llama_flags("run")
 @engine_config

@@ -25,6 +25,8 @@ from pyggspec.cli.common import (
     CHECKPOINT_MIN_STEP,
     CONTEXT_SETTINGS,
     CTX_CHECKPOINTS,
+    IMAGE_MAX_TOKENS,
+    IMAGE_MIN_TOKENS,
     MODEL,
     N_BATCH,
     N_CTX,
@@ -33,7 +35,6 @@ from pyggspec.cli.common import (
     add_rpc_servers,
     engine_config,
     engine_from_config,
-    image_budget_options,
     placement_options,
     print_fit,
     sampling_options,
@@ -283,7 +284,8 @@ def _slot_ctx(n_ctx: int, n_parallel: int, unified: bool, model: Path | None) ->
 @click.option("--media-path", "media_path", default=None, metavar="DIR",
               type=click.Path(path_type=Path, exists=True, file_okay=False),
               help="Directory for image_url file://NAME (default: file:// URLs refused).")
-@image_budget_options
+@IMAGE_MAX_TOKENS()
+@IMAGE_MIN_TOKENS()
 @sampling_options
 @llama_flags("serve")
 @engine_config
