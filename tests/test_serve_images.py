@@ -213,3 +213,30 @@ def test_remote_image_url(http, engine, png):
         srv.server_close()
     r = http.post("/v1/chat/completions", json=_chat(base + "/a.png"))  # nothing listens
     assert r.status_code == 400 and "failed to download" in r.json()["error"]["message"]
+
+
+def test_real_qwen35_template_image_chat(engine, png):
+    """Issue 52, item 6: with Qwen3.5's own template an image chat renders what llama-server
+    b11549 renders for the same request (checked with its server on the same template):
+    thinking on by default (``<think>\\n`` opens the answer), ``<think>\\n\\n</think>\\n\\n``
+    with ``enable_thinking: false``; ``reasoning_format: none`` returns the opened block in
+    ``content`` before the generated text, as llama-server does."""
+    from tests.test_server_chat_parse import QWEN35_JINJA
+
+    if not QWEN35_JINJA.exists():
+        pytest.skip(f"no Qwen3.5 template here ({QWEN35_JINJA})")
+    app = create_app(engine, ServerConfig(model_id="vl", chat_template=QWEN35_JINJA.read_text()))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        body = _chat(_uri(png))
+        prompt = c.post("/apply-template", json=body).json()["prompt"]
+        assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+        off = c.post("/apply-template", json={
+            **body, "chat_template_kwargs": {"enable_thinking": False}}).json()["prompt"]
+        assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        marker = c.get("/props").json()["media_marker"]
+        assert prompt.count(marker) == 1
+        r = c.post("/v1/chat/completions", json={**body, "reasoning_format": "none"})
+        assert r.status_code == 200, r.text
+        ref = engine.generate(prompt.replace(marker, "<__media__>"), max_tokens=N,
+                              ignore_eos=True, images=[png])
+        assert r.json()["choices"][0]["message"]["content"] == "<think>\n" + ref.text
