@@ -138,3 +138,22 @@ def test_run_fit_print_needs_no_prompt(rpc_device, moe):
     r = CliRunner().invoke(main, ["run", "-m", str(moe), "-dev", rpc_device.name, "-fitp"])
     assert r.exit_code == 0, r.output
     assert r.stdout.startswith("fit: -ngl ") and "fits as given" in r.stdout.splitlines()[0]
+
+
+def test_run_json_reports_the_fit(rpc_device, moe):
+    """``run --json`` says what --fit chose (scripts/bench_fit.py reads it), and the
+    device's measured bytes stay inside the budget."""
+    dev = rpc_device.name
+    budget = need(rpc_device, moe) - 18 * MiB
+    r = CliRunner().invoke(main, ["run", "-m", str(moe), "-dev", dev, "-fitt",
+                                  str(fitt_for(rpc_device, budget)), "--prompt-tokens",
+                                  "1,2,3", "-n", "2", "--ignore-eos", "--spec-type", "draft-mtp",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["fit"]["n_cpu_moe"] > 0 and "-ncmoe" in out["fit"]["changed"]
+    assert out["memory"]["by_device"][dev] <= budget
+    r = CliRunner().invoke(main, ["run", "-m", str(moe), "-dev", dev, "--fit", "off",
+                                  "--prompt-tokens", "1,2,3", "-n", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.splitlines()[-1])["fit"] is None

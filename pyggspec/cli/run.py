@@ -260,6 +260,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
         if stream is not None:
             sys.stdout.write(detok.flush())
         memory = engine.memory()
+        fit = engine.fit.to_dict() if engine.fit is not None else None
         stats = results.stats.to_dict(engine.spec_type) if engine.spec_type else None
         if stats is not None:  # how the drafts of sampling chains were made
             d = engine.drafter
@@ -287,6 +288,7 @@ def run(model: Path | None, config: EngineConfig, prompts: tuple[str, ...],
             "results": [r.to_dict() for r in results],
             "timings": results.timings.to_dict(host=True)}
         out["memory"] = memory
+        out["fit"] = fit  # what --fit chose (None: --fit off)
         out["sampling"] = sampling_stats
         out["model"] = str(model)
         out["demo"] = demo
