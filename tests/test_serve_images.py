@@ -240,3 +240,25 @@ def test_real_qwen35_template_image_chat(engine, png):
         ref = engine.generate(prompt.replace(marker, "<__media__>"), max_tokens=N,
                               ignore_eos=True, images=[png])
         assert r.json()["choices"][0]["message"]["content"] == "<think>\n" + ref.text
+
+
+def test_return_progress_counts_image_rows(http, engine, png):
+    """``return_progress`` over an image prompt: every report's total is the prompt with its
+    image rows (what ``usage.prompt_tokens`` says), processed only grows, the last one is
+    complete -- as llama-server reports an image chunk's rows."""
+    import json as _json
+
+    body = {**_chat(_uri(png)), "stream": True, "return_progress": True,
+            "cache_prompt": False, "stream_options": {"include_usage": True}}
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    chunks = [_json.loads(line[6:]) for line in r.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
+    n_prompt = next(c["usage"]["prompt_tokens"] for c in chunks if c.get("usage"))
+    text_only = len(engine.tokenize(
+        "<|im_start|>user\nLook here<|im_end|>\n<|im_start|>assistant\n"))
+    assert n_prompt > text_only + 1  # the image's rows are counted
+    assert progress and all(p["total"] == n_prompt for p in progress)
+    assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
+    assert progress[-1]["processed"] == n_prompt
