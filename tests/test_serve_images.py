@@ -215,7 +215,7 @@ def test_remote_image_url(http, engine, png):
     assert r.status_code == 400 and "failed to download" in r.json()["error"]["message"]
 
 
-def test_real_qwen35_template_image_chat(engine, png):
+def test_real_qwen35_template_image_chat(http, engine, png):
     """Issue 52, item 6: with Qwen3.5's own template an image chat renders what llama-server
     b11549 renders for the same request (checked with its server on the same template):
     thinking on by default (``<think>\\n`` opens the answer), ``<think>\\n\\n</think>\\n\\n``
@@ -225,7 +225,9 @@ def test_real_qwen35_template_image_chat(engine, png):
 
     if not QWEN35_JINJA.exists():
         pytest.skip(f"no Qwen3.5 template here ({QWEN35_JINJA})")
-    app = create_app(engine, ServerConfig(model_id="vl", chat_template=QWEN35_JINJA.read_text()))
+    # the module's engine, whose scheduler the ``http`` app runs (this app must not stop it)
+    app = create_app(engine, ServerConfig(model_id="vl", chat_template=QWEN35_JINJA.read_text()),
+                     manage_scheduler=False)
     with TestClient(app, raise_server_exceptions=False) as c:
         body = _chat(_uri(png))
         prompt = c.post("/apply-template", json=body).json()["prompt"]
