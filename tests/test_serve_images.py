@@ -264,3 +264,27 @@ def test_return_progress_counts_image_rows(http, engine, png):
     assert progress and all(p["total"] == n_prompt for p in progress)
     assert [p["processed"] for p in progress] == sorted(p["processed"] for p in progress)
     assert progress[-1]["processed"] == n_prompt
+
+
+def test_images_are_encoded_on_the_engine_thread(http, png, monkeypatch):
+    """Image encoding runs on the scheduler's thread, the one that computes the engine's
+    graphs: encoded on an executor thread (a second OpenMP caller of ggml) it left every
+    later decode step ~2x slower (journal row 95)."""
+    import threading
+
+    vision = http.app.state.pyggspec.vision
+    seen: list[str] = []
+    rows = vision.rows
+
+    def spy(chunks):
+        seen.append(threading.current_thread().name)
+        return rows(chunks)
+
+    monkeypatch.setattr(vision, "rows", spy)
+    for url in ("/v1/chat/completions", "/completion"):
+        body = _chat(_uri(png)) if url != "/completion" else {
+            "prompt": {"prompt_string": f"Look {http.get('/props').json()['media_marker']}",
+                       "multimodal_data": [base64.b64encode(png).decode()]},
+            "n_predict": 1, "cache_prompt": False}
+        assert http.post(url, json=body).status_code == 200
+    assert seen == ["pyggspec-scheduler"] * 2

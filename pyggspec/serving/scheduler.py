@@ -171,7 +171,7 @@ class Scheduler:
              "prompt_tokens", "prompt_tokens_cached", "generated_tokens", "decode_steps",
              "prompt_chunks", "decode_busy_slots"), 0)
         self._prompt_ms = 0.0
-        self._actions: list[tuple[int, Callable[[], Any], Future]] = []  # see slot_action
+        self._actions: list[tuple[int | None, Callable[[], Any], Future]] = []  # see slot_action
     # --- submitting ---------------------------------------------------------------------
     def submit(self, request: Request) -> RequestHandle:
         """Validate and queue ``request`` (thread-safe); returns its handle.
@@ -382,7 +382,7 @@ class Scheduler:
             self._cv.notify_all()
 
     # --- slot actions (llama-server's POST /slots/{id}?action=save|restore|erase) -----------
-    def slot_action(self, slot: int, fn: Callable[[], Any]) -> Future:
+    def slot_action(self, slot: int | None, fn: Callable[[], Any]) -> Future:
         """Run ``fn`` (work on ``slot``'s memory) on the thread that owns the engine, at the
         start of a step in which ``slot`` is idle: llama-server defers a slot action until
         its slot has finished its request, and so do we. Returns a
@@ -399,6 +399,14 @@ class Scheduler:
                 pass
         return fut
 
+    def on_engine_thread(self, fn: Callable[[], Any]) -> Future:
+        """Run ``fn`` on the thread that owns the engine, at the start of the next step (a
+        :meth:`slot_action` bound to no slot). For ggml work outside the engine's graphs --
+        libmtmd's image encoding: ggml's CPU backend runs on OpenMP, and a second thread
+        computing ggml graphs (an executor thread) left every later decode step of the
+        engine's thread ~2x slower (journal row 95)."""
+        return self.slot_action(None, fn)
+
     def _run_slot_actions(self) -> bool:
         """Run the queued slot actions whose slot is idle (in the step, before admission:
         a request queued after an action sees what it did)."""
@@ -414,8 +422,9 @@ class Scheduler:
                 fut.set_result(fn())
             except Exception as e:  # noqa: BLE001 - the caller gets it; the loop carries on
                 fut.set_exception(e)
-            info = self._slot_info[slot]  # the slot holds something else now
-            info.last_used, info.n_decoded = time.monotonic(), 0
+            if slot is not None:  # the slot holds something else now
+                info = self._slot_info[slot]
+                info.last_used, info.n_decoded = time.monotonic(), 0
         return bool(due)
 
     def _drop_slot_actions(self) -> None:

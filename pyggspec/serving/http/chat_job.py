@@ -84,7 +84,7 @@ async def prepare_chat(state: ServerState, body: Mapping[str, Any],
     state.check_context(ids, gen)
     media = None
     if chunks:
-        media = (await asyncio.to_thread(state.vision.rows, chunks)).media
+        media = (await asyncio.wrap_future(state.encode(chunks))).media
     if prompt.tool_grammar is not None:
         if gen.grammar is not None:  # llama-server refuses a grammar with tools too
             raise invalid("Cannot use custom grammar constraints with a required tool call "

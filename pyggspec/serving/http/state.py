@@ -128,7 +128,13 @@ class ServerState:
         chunks = self.vision.chunks(p.text, data, "prompt")
         ids = chunk_ids(chunks)
         self.check_context(ids, gen)
-        return ids, self.vision.rows(chunks).media
+        return ids, self.encode(chunks).result().media
+
+    def encode(self, chunks: list[Any]):
+        """The chunks' images encoded on the engine's thread (:meth:`Scheduler.on_engine_thread`
+        says why): a future of their :class:`~pyggspec.vision.rows.PromptRows`."""
+        vision = self.vision
+        return self.scheduler.on_engine_thread(lambda: vision.rows(chunks))
 
     def text_ids(self, text: str) -> list[int]:
         """``text``'s tokens without special tokens (``logit_bias`` keyed by text, as
