@@ -35,16 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "scripts"), str(ROOT)]
 import benchlib
 
-CACHE = Path.home() / ".cache" / "pyggspec" / "bench"
-
 
 def projector(text_hidden: int, depth: int) -> Path:
     """The generated projector at Qwen3.5's vision size (cached by its shape)."""
     from pyggspec.testing.hf_vision import VisionSpec, write_mmproj
 
-    path = CACHE / f"mmproj-qwen35-vision-d{depth}-{text_hidden}.gguf"
+    path = benchlib.CACHE / f"mmproj-qwen35-vision-d{depth}-{text_hidden}.gguf"
     if not path.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
+        benchlib.CACHE.mkdir(parents=True, exist_ok=True)
         spec = VisionSpec(hidden_size=1152, depth=depth, num_heads=16, intermediate_size=4304,
                           num_position_embeddings=48 * 48)
         tmp = path.with_suffix(".tmp")

@@ -7,6 +7,7 @@ identical); the projector is ``write_mmproj``'s, the text model the project's f3
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import pytest
@@ -248,13 +249,11 @@ def test_return_progress_counts_image_rows(http, engine, png):
     """``return_progress`` over an image prompt: every report's total is the prompt with its
     image rows (what ``usage.prompt_tokens`` says), processed only grows, the last one is
     complete -- as llama-server reports an image chunk's rows."""
-    import json as _json
-
     body = {**_chat(_uri(png)), "stream": True, "return_progress": True,
             "cache_prompt": False, "stream_options": {"include_usage": True}}
     r = http.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
-    chunks = [_json.loads(line[6:]) for line in r.text.splitlines()
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines()
               if line.startswith("data: ") and line != "data: [DONE]"]
     progress = [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
     n_prompt = next(c["usage"]["prompt_tokens"] for c in chunks if c.get("usage"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,7 +131,7 @@ class ServerState:
         self.check_context(ids, gen)
         return ids, self.encode(chunks).result().media
 
-    def encode(self, chunks: list[Any]):
+    def encode(self, chunks: list[Any]) -> Future:
         """The chunks' images encoded on the engine's thread (:meth:`Scheduler.on_engine_thread`
         says why): a future of their :class:`~pyggspec.vision.rows.PromptRows`."""
         vision = self.vision
