@@ -237,3 +237,38 @@ def test_a_weight_the_device_cannot_hold_is_an_error_not_an_abort(accel_device):
     ctx.close()
     buf.close()
     wctx.close()
+
+
+@pytest.mark.parametrize("rollback", ["snapshot", "checkpoint"])
+def test_image_prompt_with_mtp_on_device(models, engine, accel_device, tmp_path, rollback):
+    """An image prompt (issue 52) with the model on the device and libmtmd's encoder
+    offloaded as llama-server offloads it: greedy and seeded outputs with MTP equal plain
+    decoding on the device and on the CPU (projector on the CPU), the drafts over the
+    image rows are accepted, and the head's cache holds every prompt row."""
+    from pyggspec.testing.hf_vision import VisionSpec, png_bytes, test_image_pixels, write_mmproj
+
+    img = tmp_path / "wide.png"
+    img.write_bytes(png_bytes(test_image_pixels(200, 70, seed=3)))
+    mmproj = write_mmproj(tmp_path / "mmproj.gguf", VisionSpec(), 64)
+    path = models.get("dense", dtype="f32", agreement=0.95, tied_embeddings=False)
+    prompt = "<|im_start|>user\nLook <__media__> here<|im_end|>\n<|im_start|>assistant\n"
+    spec = SpecConfig(rollback=rollback)
+    for sampling in (None, SAMPLED):
+        outs = {}
+        for where, dev in (("cpu", None), ("device", accel_device)):
+            for st in (None, "draft-mtp"):
+                with engine(path, dev, spec_type=st, spec=spec, load_tokenizer=True,
+                            mmproj=mmproj, mmproj_offload=dev is not None, n_ubatch=16,
+                            n_batch=16, backend_sampling=dev is not None) as e:
+                    if dev is not None:
+                        on_device(e, accel_device)
+                        # libmtmd reserved the encoder's compute on the device, not the CPU
+                        assert accel_device.name in e.projector.compute_buffers
+                    r = e.generate(prompt, max_tokens=N, ignore_eos=True, images=[img],
+                                   sampling=sampling)
+                    outs[where, st] = r.tokens
+                    if st:
+                        assert e.rollback == rollback
+                        assert r.spec.n_accepted > 0.3 * r.spec.n_drafted > 0
+                        assert e.worker.memory.mtp_length(0) >= len(r.prompt_tokens) - 1
+        assert len(set(map(tuple, outs.values()))) == 1, (sampling, outs)
