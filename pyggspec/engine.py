@@ -335,7 +335,8 @@ class Engine:
     def image_rows(self, prompt: str, images: Sequence[bytes | str | os.PathLike]):
         """``prompt`` with its images as the trunk takes them
         (:class:`~pyggspec.vision.rows.PromptRows`): one ``<__media__>`` marker per image
-        places it (no marker: the images go first); each image is bytes or a file path."""
+        places it (no marker: the images go first); each image is bytes or a file path.
+        Encoded on the engine's thread (:meth:`Scheduler.on_engine_thread` says why)."""
         if self.projector is None:
             raise PyggspecError("--mmproj", "an image needs the model's vision projector: "
                                 "load it with --mmproj FILE (mmproj= in the engine config)")
@@ -347,7 +348,7 @@ class Engine:
         p = self.projector
         imgs = [p.image(bytes(im)) if isinstance(im, (bytes, bytearray, memoryview))
                 else p.load_image(im) for im in images]
-        return prompt_rows(p, prompt, imgs)
+        return self.scheduler.on_engine_thread(lambda: prompt_rows(p, prompt, imgs)).result()
 
     def _submit_all(self, prompts: Sequence[str | Sequence[int]],
                     max_tokens: int | Sequence[int], ignore_eos: bool,

@@ -55,6 +55,33 @@ def test_generate_matches_libmtmd(files, ref, make_engine):
     assert _gen(e, "describe", [img]) == ref0
 
 
+def test_images_are_encoded_on_the_engine_thread(files, ref, make_engine, monkeypatch):
+    """With the scheduler's background thread running (an app serving from Python), an
+    image given to ``Engine.generate`` is encoded on that thread, the one that computes the
+    engine's graphs (a second OpenMP caller of ggml left every later decode step ~2x
+    slower, journal row 95); without it, on the caller's thread, which drives the loop."""
+    import threading
+
+    from pyggspec.vision import rows as rows_mod
+
+    seen: list[str] = []
+    real = rows_mod.prompt_rows
+
+    def spy(*a, **kw):
+        seen.append(threading.current_thread().name)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(rows_mod, "prompt_rows", spy)
+    e = make_engine(files["model"], n_ctx=256, mmproj=files["mmproj"], mmproj_offload=False)
+    assert _gen(e, PROMPT, [files["image"]]) == ref
+    e.scheduler.start()
+    try:
+        assert _gen(e, PROMPT, [files["image"].read_bytes()]) == ref
+    finally:
+        e.scheduler.stop()
+    assert seen == [threading.current_thread().name, "pyggspec-scheduler"]
+
+
 def test_chunked_prefill_through_the_image(files, ref, make_engine):
     """Ubatches of 7 rows and logical batches of 11: chunks start and end inside the
     image; the tokens are llama.cpp's (f32 split noise does not move greedy here)."""

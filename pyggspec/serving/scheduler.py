@@ -404,8 +404,16 @@ class Scheduler:
         :meth:`slot_action` bound to no slot). For ggml work outside the engine's graphs --
         libmtmd's image encoding: ggml's CPU backend runs on OpenMP, and a second thread
         computing ggml graphs (an executor thread) left every later decode step of the
-        engine's thread ~2x slower (journal row 95)."""
-        return self.slot_action(None, fn)
+        engine's thread ~2x slower (journal row 95). Called on that thread, or with no
+        background thread (the caller drives the loop), ``fn`` runs at once."""
+        if self.running and threading.current_thread() is not self._thread:
+            return self.slot_action(None, fn)
+        fut: Future = Future()
+        try:
+            fut.set_result(fn())
+        except Exception as e:  # noqa: BLE001 - the caller gets it, as from slot_action
+            fut.set_exception(e)
+        return fut
 
     def _run_slot_actions(self) -> bool:
         """Run the queued slot actions whose slot is idle (in the step, before admission:
