@@ -287,3 +287,14 @@ def test_images_are_encoded_on_the_engine_thread(http, png, monkeypatch):
             "n_predict": 1, "cache_prompt": False}
         assert http.post(url, json=body).status_code == 200
     assert seen == ["pyggspec-scheduler"] * 2
+
+
+def test_verbose_prompt_of_an_image_chat(http, png):
+    """``__verbose.prompt`` of an image chat is its text rows detokenized, the image rows
+    left out, as llama-server's ``server_tokens::detokenize`` leaves them out (it was a
+    500: an image row's id is negative)."""
+    r = http.post("/v1/chat/completions", json={**_chat(_uri(png)), "verbose": True})
+    assert r.status_code == 200, r.text
+    prompt = r.json()["__verbose"]["prompt"]
+    assert prompt == ("<|im_start|>user\nLook here<|vision_start|><|vision_end|><|im_end|>\n"
+                      "<|im_start|>assistant\n")  # libmtmd's wrapping tokens are text rows

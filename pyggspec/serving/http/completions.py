@@ -99,7 +99,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         ``/completion`` result (the prompt as the model read it, detokenized with its special
         tokens), when the request's ``verbose`` asks (default: serve's ``--verbose``)."""
         if get_bool(body, "verbose", cfg.verbose):
-            prompt = state.tokenizer.detokenize(result.prompt_tokens)
+            prompt = state.prompt_text(result.prompt_tokens)
             out["__verbose"] = oa.llama_completion(model, result, state.settings(gen), prompt,
                                                    gen.return_tokens, state.n_ctx)
         return out
@@ -205,7 +205,7 @@ def install(app: FastAPI, state: ServerState) -> None:
             rid, created = oa.new_id("cmpl"), oa.now()
             outs = [oa.completion_response(
                 rid, created, model, r,
-                state.tokenizer.detokenize(r.prompt_tokens) if gen.echo else "",
+                state.prompt_text(r.prompt_tokens) if gen.echo else "",
                 probs(gen, r.logprobs)) for r in results]
             out = outs[0]
             out["choices"] = [dict(o["choices"][0], index=i) for i, o in enumerate(outs)]
@@ -215,7 +215,7 @@ def install(app: FastAPI, state: ServerState) -> None:
         parts = prompts[0]
         ids = await asyncio.to_thread(state.tokenize_prompt, parts)
         state.check_context(ids, gen)
-        prefix = state.tokenizer.detokenize(ids) if gen.echo else ""
+        prefix = state.prompt_text(ids) if gen.echo else ""
         rid, created = oa.new_id("cmpl"), oa.now()
         handle = await state.submit(ids, gen, rid, get_bool(body, "cache_prompt", True))
         if not gen.stream:

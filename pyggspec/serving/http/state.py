@@ -137,6 +137,12 @@ class ServerState:
         vision = self.vision
         return self.scheduler.on_engine_thread(lambda: vision.rows(chunks))
 
+    def prompt_text(self, ids: list[int]) -> str:
+        """A prompt as llama-server shows it (``__verbose``, ``echo``): its text rows
+        detokenized with their special tokens, image rows (negative ids) left out, as
+        ``server_tokens::detokenize`` leaves them out."""
+        return self.tokenizer.detokenize([t for t in ids if t >= 0])
+
     def text_ids(self, text: str) -> list[int]:
         """``text``'s tokens without special tokens (``logit_bias`` keyed by text, as
         llama-server's ``common_tokenize(vocab, text, false)``)."""
