@@ -292,9 +292,16 @@ def test_images_are_encoded_on_the_engine_thread(http, png, monkeypatch):
 def test_verbose_prompt_of_an_image_chat(http, png):
     """``__verbose.prompt`` of an image chat is its text rows detokenized, the image rows
     left out, as llama-server's ``server_tokens::detokenize`` leaves them out (it was a
-    500: an image row's id is negative)."""
+    500: an image row's id is negative); /completion's "prompt" likewise."""
     r = http.post("/v1/chat/completions", json={**_chat(_uri(png)), "verbose": True})
     assert r.status_code == 200, r.text
     prompt = r.json()["__verbose"]["prompt"]
     assert prompt == ("<|im_start|>user\nLook here<|vision_start|><|vision_end|><|im_end|>\n"
                       "<|im_start|>assistant\n")  # libmtmd's wrapping tokens are text rows
+    marker = http.get("/props").json()["media_marker"]
+    r = http.post("/completion", json={
+        "prompt": {"prompt_string": f"Look {marker} here",
+                   "multimodal_data": [base64.b64encode(png).decode()]},
+        "n_predict": 1, "cache_prompt": False})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt"] == "Look <|vision_start|><|vision_end|> here"

@@ -266,7 +266,8 @@ def install(app: FastAPI, state: ServerState) -> None:
                                          logprob_objects(state, gen, r.logprobs)), index=i)
                 for i, r in enumerate(results)])
         ids, media = await asyncio.to_thread(state.prompt_rows, prompts[0], gen)
-        prompt_echo = body.get("prompt")
+        # an image prompt as llama-server shows it, not its base64 sent back
+        prompt_echo = body.get("prompt") if media is None else state.prompt_text(ids)
         handle = await state.submit(ids, gen, oa.new_id("cmpl"),
                                     get_bool(body, "cache_prompt", True), media=media)
         return await answer_llama(state, request, handle, t_start, gen, model, settings,
