@@ -19,6 +19,11 @@ decoding over plain after an image against the same after text.
 
     scripts/build_llamacpp_tools.sh llama-server    # once
     python3 scripts/bench_images.py --reps 5
+
+``--llama NAME=BUILD`` adds another llama-server build as engine NAME (e.g. b11549:
+``PYGGSPEC_LLAMACPP_SRC=<xllamacpp sdist>/thirdparty/llama.cpp
+PYGGSPEC_LLAMACPP_BUILD=.cache/llama.cpp-b11549-build scripts/build_llamacpp_tools.sh
+llama-server``, then ``--llama b11549=.cache/llama.cpp-b11549-build``).
 """
 
 from __future__ import annotations
@@ -72,14 +77,18 @@ def request(base: str, prompt: str, image: str | None, n: int, marker: str) -> d
             "prompt_n": int(r["timings"]["prompt_n"]), "tokens": r.get("tokens")}
 
 
+LLAMA_BUILDS: dict[str, Path | None] = {"llama": None}  # engine name -> build (None: default)
+
+
 def serve_cmd(engine: str, model: Path, mmproj: Path, port: int, threads: int,
               spec: bool) -> list[str]:
     flags = ["-m", str(model), "--mmproj", str(mmproj), "--host", "127.0.0.1", "--port",
              str(port), "-t", str(threads), "-c", "4096", "-np", "1"]
     if spec:
         flags += ["--spec-type", "draft-mtp", "--spec-draft-n-max", "3"]
-    if engine == "llama":
-        return [str(benchlib.tool("llama-server")), *flags]
+    if engine in LLAMA_BUILDS:
+        build = LLAMA_BUILDS[engine]
+        return [str(benchlib.tool("llama-server", build and build / "bin")), *flags]
     return [sys.executable, "-m", "pyggspec", "serve", *flags, "--log-level", "warning"]
 
 
@@ -126,9 +135,16 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--image", default="448x448", help="WxH of the test image")
     ap.add_argument("--depth", type=int, default=27, help="vision-tower depth (27: Qwen3.5's)")
-    ap.add_argument("--engines", nargs="+", default=["ours", "llama"])
+    ap.add_argument("--llama", action="append", default=[], metavar="NAME=BUILD",
+                    help="another llama-server build folder, as engine NAME")
+    ap.add_argument("--engines", nargs="+", default=None,
+                    help="default: ours, llama and every --llama NAME")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
+    for spec in args.llama:
+        name, _, build = spec.partition("=")
+        LLAMA_BUILDS[name] = Path(build)
+    args.engines = args.engines or ["ours", *LLAMA_BUILDS]
 
     from pyggspec.modelfile import open_model
 
@@ -159,16 +175,18 @@ def main() -> None:
         print(f"{e}: MTP / plain after an image {med(gain_img)}, after text {med(gain_txt)}; "
               f"(after image) / (after text) {med([a / b for a, b in zip(gain_img, gain_txt)])}"
               f"; MTP tokens = plain tokens after the image: {same}")
-    if "ours" in runs and "llama" in runs:
+    for other in (e for e in runs if e != "ours" and "ours" in runs):
         pre = [b["plain_image"]["first_s"] / a["plain_image"]["first_s"]
-               for a, b in zip(runs["ours"], runs["llama"])]
-        print(f"image prefill speed, ours / llama-server (its time over ours): {med(pre)}")
+               for a, b in zip(runs["ours"], runs[other])]
+        print(f"image prefill speed, ours / {other} (its time over ours): {med(pre)}")
         same = all(a["plain_image"]["tokens"] == b["plain_image"]["tokens"]
-                   for a, b in zip(runs["ours"], runs["llama"]))
-        print(f"greedy tokens after the image equal to llama-server's: {same}")
+                   for a, b in zip(runs["ours"], runs[other]))
+        print(f"greedy tokens after the image equal to {other}'s: {same}")
     if args.json_out:
         args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
                                              "args": vars(args) | {"json_out": None},
+                                             "llama_builds": {k: str(v) for k, v in
+                                                              LLAMA_BUILDS.items()},
                                              "runs": runs}, indent=1))
 
 
