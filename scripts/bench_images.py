@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import statistics
 import sys
 import time
@@ -70,8 +71,10 @@ def request(base: str, prompt: str, image: str | None, n: int, marker: str) -> d
     p = {"prompt_string": prompt.replace("<__media__>", marker),
          "multimodal_data": [image]} if image else prompt
     t0 = time.perf_counter()
-    benchlib.post(base + "/completion", {**body, "prompt": p})
+    r = benchlib.post(base + "/completion", {**body, "prompt": p})
     first = time.perf_counter() - t0
+    if n == 0:  # the prefill alone
+        return {"first_s": first, "prompt_n": int(r["timings"]["prompt_n"])}
     r = benchlib.post(base + "/completion", {**body, "prompt": p, "n_predict": n})
     return {"first_s": first, "decode_tps": float(r["timings"]["predicted_per_second"]),
             "prompt_n": int(r["timings"]["prompt_n"]), "tokens": r.get("tokens")}
@@ -116,6 +119,77 @@ def run_engine(engine: str, model: Path, mmproj: Path, args, images: tuple[str, 
     return out
 
 
+ENCODED = re.compile(r"image (?:slice )?encoded in (\d+(?:\.\d+)?) ms")
+STAMP = re.compile(r"^(\d+)\.(\d+)\.(\d+)\.(\d+) ")  # llama.cpp's log: min.s.ms.us
+
+
+def encoding_s(lines: list[str]) -> float | None:
+    """One request's image-encoding seconds from a server's log lines: the logged figure,
+    or (llama-server 0.3.36, which logs none) the time from "encoding mtmd batch" to
+    libmtmd's "decoding image batch 1/"."""
+    got = [float(m.group(1)) / 1e3 for line in lines if (m := ENCODED.search(line))]
+    if got:
+        return sum(got)
+
+    def at(line: str) -> float:
+        m = STAMP.match(line)
+        mi, se, ms, us = map(int, m.groups()) if m else (0, 0, 0, 0)
+        return mi * 60 + se + ms / 1e3 + us / 1e6
+
+    start = [at(x) for x in lines if "encoding mtmd batch" in x]
+    end = [at(x) for x in lines if "decoding image batch 1/" in x]
+    return end[0] - start[0] if start and end else None
+
+
+def prefill_rounds(engines: list[str], model: Path, mmproj: Path, args, size: tuple[int, int],
+                   prompt: str, text_prompt: str) -> dict[str, list[dict]]:
+    """Image prefill alone, paired request by request: one plain server per engine up at
+    once (the idle ones wait on a socket), then ``args.rounds`` rounds, each with an image
+    no engine has seen, sent to one engine at a time in rotating order. A drift of the VM
+    over minutes then falls on every engine alike, where fresh servers minutes apart see it
+    as a difference. Each request's encoding time is read from the server's log (libmtmd's
+    "image slice encoded in N ms"; ours logs "image encoded in N ms"); the rest of its wall
+    time is the prompt's evaluation. After each, a text prompt of about the same length
+    times the text model's prefill alone (where the engines' prompt evaluation differs
+    without an image in it)."""
+    servers = {}
+    try:
+        for e in engines:
+            port = benchlib.free_port()
+            base = f"http://127.0.0.1:{port}"
+            cmd = serve_cmd(e, model, mmproj, port, args.threads, False)
+            if e in LLAMA_BUILDS:
+                cmd += ["-lv", "4"]  # libmtmd's lines, which time the encoding
+            else:
+                cmd[cmd.index("warning")] = "info"
+            servers[e] = benchlib.ServerProcess(cmd, base, e)
+            servers[e].start()
+        out: dict[str, list[dict]] = {e: [] for e in engines}
+        for r in range(-1, args.rounds):  # round -1 warms every engine up
+            image = image_b64(*size, seed=100 + r)
+            for e in engines[r % len(engines):] + engines[:r % len(engines)]:
+                srv = servers[e]
+                marker = props(srv.base).get("media_marker", "<__media__>")
+                mark = srv.n_lines
+                got = request(srv.base, prompt, image, 0, marker)
+                time.sleep(0.2)  # the log line may trail the answer
+                enc = encoding_s(srv.lines_since(mark))
+                if enc is None:
+                    raise RuntimeError(f"{e}: no encoding time in its log")
+                text = request(srv.base, text_prompt, None, 0, marker)
+                if r >= 0:
+                    out[e].append({"wall_s": got["first_s"], "encode_s": enc,
+                                   "prompt_n": got["prompt_n"], "text_s": text["first_s"],
+                                   "text_n": text["prompt_n"]})
+                    print(f"round {r + 1} {e}: {got['first_s']:.3f} s, encoding {enc:.3f} s"
+                          f"; text prompt ({text['prompt_n']} tokens) {text['first_s']:.3f} s",
+                          flush=True)
+        return out
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
 def props(base: str) -> dict:
     import urllib.request
 
@@ -139,6 +213,9 @@ def main() -> None:
                     help="another llama-server build folder, as engine NAME")
     ap.add_argument("--engines", nargs="+", default=None,
                     help="default: ours, llama and every --llama NAME")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help="measure image prefill alone: N rounds of paired requests to "
+                         "servers kept up (see prefill_rounds)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
     for spec in args.llama:
@@ -157,6 +234,24 @@ def main() -> None:
     words = " ".join(f"w{i}" for i in range(40))
     prompts = {"image": f"Describe this: <__media__> {words}",
                "text": f"Describe this: {words} {words} {words} {words} {words}"}
+    if args.rounds:
+        rounds = prefill_rounds(args.engines, model, mmproj, args, (w, h), prompts["image"],
+                                prompts["text"])
+        for other in (e for e in rounds if e != "ours" and "ours" in rounds):
+            pairs = list(zip(rounds["ours"], rounds[other]))
+
+            def ratio(f, pairs=pairs) -> str:
+                return med([f(y) / f(x) for x, y in pairs])
+
+            print(f"{other}'s time over ours: image prefill {ratio(lambda r: r['wall_s'])}; "
+                  f"its encoding {ratio(lambda r: r['encode_s'])}, the rest (the prompt's "
+                  f"evaluation) {ratio(lambda r: r['wall_s'] - r['encode_s'])}; a text "
+                  f"prompt {ratio(lambda r: r['text_s'])}")
+        if args.json_out:
+            args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
+                                                 "args": vars(args) | {"json_out": None},
+                                                 "rounds": rounds}, indent=1))
+        return
     runs: dict[str, list[dict]] = {e: [] for e in args.engines}
     for rep in range(args.reps):
         for e in (args.engines if rep % 2 == 0 else args.engines[::-1]):

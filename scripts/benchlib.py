@@ -166,6 +166,7 @@ class ServerProcess:
     def __init__(self, cmd: list[str], base: str, name: str, timeout: float = 600) -> None:
         self.cmd, self.base, self.name, self.timeout = cmd, base, name, timeout
         self._tail: deque[str] = deque(maxlen=64)
+        self.n_lines = 0  # stderr lines read so far (lines_since counts from it)
         self._reader: threading.Thread | None = None
 
     def start(self) -> None:
@@ -192,6 +193,12 @@ class ServerProcess:
     def _read(self) -> None:
         for line in self.proc.stderr:
             self._tail.append(line)
+            self.n_lines += 1
+
+    def lines_since(self, n: int) -> list[str]:
+        """The stderr lines read after the first ``n`` (those still in the 64-line tail)."""
+        tail = list(self._tail)
+        return tail[max(0, len(tail) - (self.n_lines - n)):]
 
     def tail(self) -> str:
         """The last 2,000 characters of its stderr (read to the end once it has exited)."""

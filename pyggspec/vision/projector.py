@@ -17,7 +17,9 @@ projector's output width is checked here against the text GGUF's ``embedding_len
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +32,8 @@ from pyggspec.errors import ModelFileError, PyggspecError
 from pyggspec.modelfile.gguf import GGUFFile
 from pyggspec.vision import _mtmd
 from pyggspec.vision._mtmd import CHUNK_IMAGE, CHUNK_TEXT, Chunk, MtmdError
+
+log = logging.getLogger("pyggspec.vision")
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -305,10 +309,15 @@ class Projector:
         if key is not None and key in self._encoded:
             self._encoded.move_to_end(key)
             return self._encoded[key]
+        t0 = time.perf_counter()
         try:
             rows = self._ctx.encode(chunk._chunk, self.n_embd)
         except MtmdError as e:
             raise ImageError(None, f"encoding the image failed: {e.reason}") from None
+        # llama-server logs the same ("image slice encoded in N ms"): the request's prompt
+        # time does not hold the encoding, so this is where a user sees what it cost.
+        log.info("image encoded in %.0f ms (%d rows)", (time.perf_counter() - t0) * 1e3,
+                 rows.shape[0])
         if key is not None and rows.nbytes <= ENCODED_BYTES:
             rows.setflags(write=False)
             self._encoded[key] = rows
