@@ -20,6 +20,12 @@ decoding over plain after an image against the same after text.
     scripts/build_llamacpp_tools.sh llama-server    # once
     python3 scripts/bench_images.py --reps 5
 
+Fresh servers minutes apart see the VM's drift (10-25%) as a difference between engines.
+``--rounds N`` measures the image prefill alone on servers kept up, request by request in
+rotating order, with the encoding timed apart (:func:`prefill_rounds`); ``--decode-rounds
+N`` measures MTP's gain after an image against after text the same way
+(:func:`decode_rounds`).
+
 ``--llama NAME=BUILD`` adds another llama-server build as engine NAME (e.g. b11549:
 ``PYGGSPEC_LLAMACPP_SRC=<xllamacpp sdist>/thirdparty/llama.cpp
 PYGGSPEC_LLAMACPP_BUILD=.cache/llama.cpp-b11549-build scripts/build_llamacpp_tools.sh
@@ -190,6 +196,55 @@ def prefill_rounds(engines: list[str], model: Path, mmproj: Path, args, size: tu
             srv.stop()
 
 
+def decode_rounds(engines: list[str], model: Path, mmproj: Path, args, image: str,
+                  prompts: dict[str, str]) -> dict[str, list[dict]]:
+    """Decoding after an image against after text, paired request by request: a plain and
+    an MTP server per engine up at once, two slots each (``id_slot`` 0 holds the image
+    prompt, 1 the text one, both cached after the first round, so a request decodes and
+    barely prefills), ``args.decode_rounds`` rounds of four requests per engine (plain and
+    MTP, after the image and after text), one server at a time. Per round the quotient of
+    MTP's gain after the image over its gain after text."""
+    servers: dict[tuple[str, bool], benchlib.ServerProcess] = {}
+    try:
+        for e in engines:
+            for spec in (False, True):
+                port = benchlib.free_port()
+                cmd = serve_cmd(e, model, mmproj, port, args.threads, spec)
+                cmd[cmd.index("-np") + 1] = "2"
+                srv = servers[e, spec] = benchlib.ServerProcess(
+                    cmd, f"http://127.0.0.1:{port}", e)
+                srv.start()
+        out: dict[str, list[dict]] = {e: [] for e in engines}
+        body = {"n_predict": args.n, "temperature": 0, "ignore_eos": True,
+                "cache_prompt": True, "return_tokens": True}
+        for r in range(-1, args.decode_rounds):  # round -1 fills the slots' caches
+            order = engines[r % len(engines):] + engines[:r % len(engines)]
+            for e in order:
+                got = {}
+                for spec in ((False, True) if r % 2 else (True, False)):
+                    srv = servers[e, spec]
+                    marker = props(srv.base).get("media_marker", "<__media__>")
+                    img = {"prompt_string": prompts["image"].replace("<__media__>", marker),
+                           "multimodal_data": [image]}
+                    for kind, prompt, slot in (("image", img, 0), ("text", prompts["text"], 1)):
+                        res = benchlib.post(srv.base + "/completion",
+                                            {**body, "prompt": prompt, "id_slot": slot})
+                        key = ("mtp_" if spec else "plain_") + kind
+                        got[key] = {"decode_tps": float(res["timings"]["predicted_per_second"]),
+                                    "cache_n": int(res["timings"].get("cache_n", 0)),
+                                    "tokens": res.get("tokens")}
+                if r >= 0:
+                    out[e].append(got)
+                    gi = got["mtp_image"]["decode_tps"] / got["plain_image"]["decode_tps"]
+                    gt = got["mtp_text"]["decode_tps"] / got["plain_text"]["decode_tps"]
+                    print(f"round {r + 1} {e}: MTP / plain after the image {gi:.3f}, after "
+                          f"text {gt:.3f}", flush=True)
+        return out
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
 def props(base: str) -> dict:
     import urllib.request
 
@@ -216,6 +271,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=0,
                     help="measure image prefill alone: N rounds of paired requests to "
                          "servers kept up (see prefill_rounds)")
+    ap.add_argument("--decode-rounds", type=int, default=0,
+                    help="measure decoding after an image against after text alone: N "
+                         "rounds on servers kept up (see decode_rounds)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args()
     for spec in args.llama:
@@ -247,6 +305,20 @@ def main() -> None:
                   f"its encoding {ratio(lambda r: r['encode_s'])}, the rest (the prompt's "
                   f"evaluation) {ratio(lambda r: r['wall_s'] - r['encode_s'])}; a text "
                   f"prompt {ratio(lambda r: r['text_s'])}")
+        if args.json_out:
+            args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
+                                                 "args": vars(args) | {"json_out": None},
+                                                 "rounds": rounds}, indent=1))
+        return
+    if args.decode_rounds:
+        rounds = decode_rounds(args.engines, model, mmproj, args, images[1], prompts)
+        for e, rs in rounds.items():
+            gi = [r["mtp_image"]["decode_tps"] / r["plain_image"]["decode_tps"] for r in rs]
+            gt = [r["mtp_text"]["decode_tps"] / r["plain_text"]["decode_tps"] for r in rs]
+            same = all(r["mtp_image"]["tokens"] == r["plain_image"]["tokens"] for r in rs)
+            print(f"{e}: MTP / plain after the image {med(gi)}, after text {med(gt)}; "
+                  f"(after the image) / (after text) "
+                  f"{med([a / b for a, b in zip(gi, gt)])}; MTP tokens = plain: {same}")
         if args.json_out:
             args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
                                                  "args": vars(args) | {"json_out": None},
