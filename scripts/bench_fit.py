@@ -21,7 +21,6 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,10 +128,7 @@ def main() -> None:
               f"{row['fit_device_bytes'] / row['budget']:.3f} | {b['median']:.3f} ({best}) "
               f"[{b['min']:.3f}-{b['max']:.3f}] | {lg['median']:.3f} ({largest}) "
               f"[{lg['min']:.3f}-{lg['max']:.3f}] |")
-    if args.json_out:
-        args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
-                                             "args": vars(args) | {"json_out": None},
-                                             "rows": table}, indent=1, default=str))
+    benchlib.write_results(args, rows=table)
 
 
 if __name__ == "__main__":

@@ -245,6 +245,18 @@ def decode_rounds(engines: list[str], model: Path, mmproj: Path, args, image: st
             srv.stop()
 
 
+def print_gains(runs: dict[str, list[dict]]) -> None:
+    """Per engine: MTP's gain over plain decoding after the image and after text, their
+    paired quotient, and whether MTP's tokens after the image are plain decoding's."""
+    for e, rs in runs.items():
+        gi = [r["mtp_image"]["decode_tps"] / r["plain_image"]["decode_tps"] for r in rs]
+        gt = [r["mtp_text"]["decode_tps"] / r["plain_text"]["decode_tps"] for r in rs]
+        same = all(r["mtp_image"]["tokens"] == r["plain_image"]["tokens"] for r in rs)
+        print(f"{e}: MTP / plain after the image {med(gi)}, after text {med(gt)}; "
+              f"(after the image) / (after text) {med([a / b for a, b in zip(gi, gt)])}; "
+              f"MTP tokens = plain: {same}")
+
+
 def props(base: str) -> dict:
     import urllib.request
 
@@ -305,24 +317,12 @@ def main() -> None:
                   f"its encoding {ratio(lambda r: r['encode_s'])}, the rest (the prompt's "
                   f"evaluation) {ratio(lambda r: r['wall_s'] - r['encode_s'])}; a text "
                   f"prompt {ratio(lambda r: r['text_s'])}")
-        if args.json_out:
-            args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
-                                                 "args": vars(args) | {"json_out": None},
-                                                 "rounds": rounds}, indent=1))
+        benchlib.write_results(args, rounds=rounds)
         return
     if args.decode_rounds:
         rounds = decode_rounds(args.engines, model, mmproj, args, images[1], prompts)
-        for e, rs in rounds.items():
-            gi = [r["mtp_image"]["decode_tps"] / r["plain_image"]["decode_tps"] for r in rs]
-            gt = [r["mtp_text"]["decode_tps"] / r["plain_text"]["decode_tps"] for r in rs]
-            same = all(r["mtp_image"]["tokens"] == r["plain_image"]["tokens"] for r in rs)
-            print(f"{e}: MTP / plain after the image {med(gi)}, after text {med(gt)}; "
-                  f"(after the image) / (after text) "
-                  f"{med([a / b for a, b in zip(gi, gt)])}; MTP tokens = plain: {same}")
-        if args.json_out:
-            args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
-                                                 "args": vars(args) | {"json_out": None},
-                                                 "rounds": rounds}, indent=1))
+        print_gains(rounds)
+        benchlib.write_results(args, rounds=rounds)
         return
     runs: dict[str, list[dict]] = {e: [] for e in args.engines}
     for rep in range(args.reps):
@@ -335,13 +335,7 @@ def main() -> None:
                   f"after text {r['plain_text']['decode_tps']:.1f}/"
                   f"{r['mtp_text']['decode_tps']:.1f} tokens/s", flush=True)
     print()
-    for e, rs in runs.items():
-        gain_img = [r["mtp_image"]["decode_tps"] / r["plain_image"]["decode_tps"] for r in rs]
-        gain_txt = [r["mtp_text"]["decode_tps"] / r["plain_text"]["decode_tps"] for r in rs]
-        same = all(r["mtp_image"]["tokens"] == r["plain_image"]["tokens"] for r in rs)
-        print(f"{e}: MTP / plain after an image {med(gain_img)}, after text {med(gain_txt)}; "
-              f"(after image) / (after text) {med([a / b for a, b in zip(gain_img, gain_txt)])}"
-              f"; MTP tokens = plain tokens after the image: {same}")
+    print_gains(runs)
     for other in (e for e in runs if e != "ours" and "ours" in runs):
         pre = [b["plain_image"]["first_s"] / a["plain_image"]["first_s"]
                for a, b in zip(runs["ours"], runs[other])]
@@ -349,12 +343,7 @@ def main() -> None:
         same = all(a["plain_image"]["tokens"] == b["plain_image"]["tokens"]
                    for a, b in zip(runs["ours"], runs[other]))
         print(f"greedy tokens after the image equal to {other}'s: {same}")
-    if args.json_out:
-        args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
-                                             "args": vars(args) | {"json_out": None},
-                                             "llama_builds": {k: str(v) for k, v in
-                                                              LLAMA_BUILDS.items()},
-                                             "runs": runs}, indent=1))
+    benchlib.write_results(args, llama_builds=LLAMA_BUILDS, runs=runs)
 
 
 if __name__ == "__main__":

@@ -81,9 +81,7 @@ def main() -> None:
     if args.n:
         print(f"-n {args.n} tokens/s spec/plain: {spread([r['tps_ratio'] for r in rows])}; "
               f"whole-process wall plain/spec: {spread([r['wall_ratio'] for r in rows])}")
-    if args.json_out:
-        args.json_out.write_text(json.dumps({"args": vars(args) | {"json_out": str(args.json_out)},
-                                             "rows": rows}, indent=1))
+    benchlib.write_results(args, rows=rows)
 
 
 if __name__ == "__main__":

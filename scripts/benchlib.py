@@ -142,6 +142,14 @@ def bench_prompt(n: int, path: Path, seed: int = 0) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(hi // 16, hi, size=n)]
 
 
+def write_results(args, **data) -> None:
+    """``data`` as JSON to ``args.json_out`` (when given) with the time and the arguments."""
+    if args.json_out:
+        args.json_out.write_text(json.dumps({"when": time.strftime("%Y-%m-%d %H:%M"),
+                                             "args": vars(args) | {"json_out": None}, **data},
+                                            indent=1, default=str))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
