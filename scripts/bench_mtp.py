@@ -59,14 +59,16 @@ def run_llama(path: Path, args: argparse.Namespace, P: int, n_max: int, repack: 
     return out
 
 
-def ours_kw(args: argparse.Namespace, P: int, n_max: int | None, spec: bool,
+def ours_kw(args: argparse.Namespace, P: int, n_max: int | None, spec: bool | str,
             draft_head: str = "") -> str:
     """The ``Engine(...)`` keywords (source text) of one of our runs; ``spec`` with
-    ``n_max`` None: pyggspec's default speculation."""
+    ``n_max`` None: pyggspec's default speculation; ``spec="cap"``: the default rule with
+    ``n_max`` as its cap."""
     kw = ""
     if spec:
         # a fixed n_max is drafted every step (--spec-draft-fixed); the default chooses
-        cfg = "SpecConfig(" + (f"n_max={n_max}, adaptive=False, " if n_max else "") + (
+        fixed = "" if spec == "cap" else "adaptive=False, "
+        cfg = "SpecConfig(" + (f"n_max={n_max}, {fixed}" if n_max else "") + (
             f"draft_head={draft_head!r}" if draft_head else "") + ")"
         kw = f", spec_type='draft-mtp', spec={cfg}"
     return f"n_ctx={args.ctx}, n_parallel={P}, n_threads={args.threads}{kw}"
@@ -136,6 +138,8 @@ def main() -> int:
     ap.add_argument("--llama-repack", choices=["both", "on", "off"], default="both")
     ap.add_argument("--draft-head", nargs="*", default=[], metavar="TYPE",
                     help="also run pyggspec's default with --spec-draft-head TYPE")
+    ap.add_argument("--default-cap", type=int, nargs="*", default=[], metavar="K",
+                    help="also the default rule with --spec-draft-n-max K")
     ap.add_argument("--no-ours-fixed", action="store_true",
                     help="skip pyggspec at fixed n_max (only plain and its default)")
     ap.add_argument("--llama", nargs="+", default=[], metavar="LABEL=BUILD",
@@ -174,6 +178,7 @@ def main() -> int:
     runs: list[tuple[str, str, int | None, bool, str]] = [
         ("ours plain", "ours", None, False, ""), ("ours default", "ours", None, True, "")]
     runs += [(f"ours head={h}", "ours", None, True, h) for h in args.draft_head]
+    runs += [(f"ours default cap={k}", "ours", k, "cap", "") for k in args.default_cap]
     if not args.no_ours_fixed:
         runs += [(f"ours n={k}", "ours", k, True, "") for k in args.n_max]
     for label, build in builds:
