@@ -38,7 +38,6 @@ import argparse
 import base64
 import json
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -264,8 +263,7 @@ def props(base: str) -> dict:
         return json.loads(r.read())
 
 
-def med(xs: list[float]) -> str:
-    return f"{statistics.median(xs):.3f} [{min(xs):.3f}-{max(xs):.3f}]"
+med = benchlib.median_range
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -40,10 +39,6 @@ def run(model: Path, prompt: list[int], n: int, spec: bool, threads: int) -> tup
     if p.returncode != 0:
         raise SystemExit(f"pyggspec run: {p.stderr.strip()[-800:]}")
     return wall, json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def spread(xs: list[float], fmt: str = "{:.3f}") -> str:
-    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}-{fmt.format(max(xs))}]"
 
 
 def main() -> None:
@@ -72,15 +67,15 @@ def main() -> None:
             row["wall_ratio"] = row[f"plain_{args.n}"]["wall_s"] / row[f"spec_{args.n}"]["wall_s"]
             row["same_tokens"] = row[f"spec_{args.n}"]["tokens"] == row[f"plain_{args.n}"]["tokens"]
         rows.append(row)
-        print(f"rep {rep}: start-up +{row['startup_s']:.3f} s (plain {row['plain_1']['wall_s']:.2f} s)"
+        print(f"rep {rep}: start-up {row['startup_s']:+.3f} s (plain {row['plain_1']['wall_s']:.2f} s)"
               + (f", tokens/s spec/plain {row['tps_ratio']:.3f}, wall plain/spec "
                  f"{row['wall_ratio']:.3f}, same tokens {row['same_tokens']}" if args.n else ""),
               flush=True)
-    print(f"start-up of draft-mtp over plain (s): {spread([r['startup_s'] for r in rows])}")
-    print(f"plain -n 1 wall (s): {spread([r['plain_1']['wall_s'] for r in rows], '{:.2f}')}")
+    print(f"start-up of draft-mtp over plain (s): {benchlib.median_range([r['startup_s'] for r in rows])}")
+    print(f"plain -n 1 wall (s): {benchlib.median_range([r['plain_1']['wall_s'] for r in rows], '{:.2f}')}")
     if args.n:
-        print(f"-n {args.n} tokens/s spec/plain: {spread([r['tps_ratio'] for r in rows])}; "
-              f"whole-process wall plain/spec: {spread([r['wall_ratio'] for r in rows])}")
+        print(f"-n {args.n} tokens/s spec/plain: {benchlib.median_range([r['tps_ratio'] for r in rows])}; "
+              f"whole-process wall plain/spec: {benchlib.median_range([r['wall_ratio'] for r in rows])}")
     benchlib.write_results(args, rows=rows)
 
 

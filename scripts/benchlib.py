@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,6 +141,12 @@ def bench_prompt(n: int, path: Path, seed: int = 0) -> list[int]:
     with open_model(path) as m:
         hi = min(5000, m.trunk.n_vocab)
     return [int(t) for t in np.random.default_rng(seed).integers(hi // 16, hi, size=n)]
+
+
+def median_range(xs: list[float], fmt: str = "{:.3f}") -> str:
+    """``median [min-max]`` of ``xs``, the way every benchmark here quotes a spread."""
+    f = fmt.format
+    return f"{f(statistics.median(xs))} [{f(min(xs))}-{f(max(xs))}]"
 
 
 def write_results(args, **data) -> None:
